@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "engine/core/tensor.h"
+
+namespace specula {
+
+Tensor Tensor::reshape(Shape shape) const {
+  if (shape.numel() != numel()) {
+    fail("cannot reshape {} to {}: element counts {} and {} differ", describe(), shape.str(), numel(),
+         shape.numel());
+  }
+  return Tensor(data_, dtype_, shape, device_);
+}
+
+Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
+  if (rank() == 0 || begin < 0 || end < begin || end > shape_[0]) {
+    fail("row slice [{}, {}) out of range for {}", begin, end, describe());
+  }
+  Shape s = shape_;
+  s[0] = end - begin;
+  const size_t row_bytes = shape_[0] == 0 ? 0 : nbytes() / static_cast<size_t>(shape_[0]);
+  return Tensor(static_cast<char*>(data_) + static_cast<size_t>(begin) * row_bytes, dtype_, s, device_);
+}
+
+Tensor Tensor::row(int64_t i) const {
+  Tensor r = slice_rows(i, i + 1);
+  auto dims = shape_.dims().subspan(1);
+  return Tensor(r.data(), dtype_, Shape(dims), device_);
+}
+
+std::span<float> Tensor::f32() const {
+  if (dtype_ != DType::kF32) fail("expected an f32 tensor, got {}", describe());
+  return {static_cast<float*>(data_), static_cast<size_t>(numel())};
+}
+
+std::span<const int32_t> Tensor::i32() const {
+  if (dtype_ != DType::kI32) fail("expected an i32 tensor, got {}", describe());
+  return {static_cast<const int32_t*>(data_), static_cast<size_t>(numel())};
+}
+
+std::string Tensor::describe() const { return fmt::format("{}{}", dtype_name(dtype_), shape_.str()); }
+
+void check_tensor(const Tensor& t, const Shape& shape, DType dtype, const char* what) {
+  if (t.shape() != shape || t.dtype() != dtype) {
+    fail("{}: expected {}{}, got {}", what, dtype_name(dtype), shape.str(), t.describe());
+  }
+}
+
+}  // namespace specula

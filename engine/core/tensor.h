@@ -1,0 +1,60 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tensor: a non-owning, contiguous, row-major view of typed memory on a device.
+// Whoever created the memory (a Buffer, an Arena, a mapped file) owns it and must
+// outlive every view.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "engine/core/device.h"
+#include "engine/core/dtype.h"
+#include "engine/core/error.h"
+#include "engine/core/shape.h"
+
+namespace specula {
+
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(void* data, DType dtype, Shape shape, Device device = Device::cpu())
+      : data_(data), dtype_(dtype), shape_(shape), device_(device) {}
+
+  bool empty() const { return data_ == nullptr; }
+  void* data() const { return data_; }
+  template <typename T>
+  T* data_as() const { return static_cast<T*>(data_); }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  Device device() const { return device_; }
+  int rank() const { return shape_.rank(); }
+  int64_t dim(int i) const { return shape_.dim(i); }
+  int64_t numel() const { return shape_.numel(); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+
+  // Same memory, another shape with the same element count.
+  Tensor reshape(Shape shape) const;
+  // Rows [begin, end) along dimension 0.
+  Tensor slice_rows(int64_t begin, int64_t end) const;
+  // Row i along dimension 0, with that dimension dropped.
+  Tensor row(int64_t i) const;
+
+  // f32 element span (CPU only); throws if the dtype differs.
+  std::span<float> f32() const;
+  std::span<const int32_t> i32() const;
+
+  // "f32[2, 3]": used in error messages.
+  std::string describe() const;
+
+ private:
+  void* data_ = nullptr;
+  DType dtype_ = DType::kF32;
+  Shape shape_;
+  Device device_;
+};
+
+// Throws an Error naming `what` unless `t` has exactly `shape` and `dtype`.
+void check_tensor(const Tensor& t, const Shape& shape, DType dtype, const char* what);
+
+}  // namespace specula

@@ -1,0 +1,48 @@
+// SPDX-License-Identifier: Apache-2.0
+// WeightTable: declare every weight of a model once, as (checkpoint name ->
+// field, expected shape, accepted dtypes), then bind them all from a Checkpoint
+// in one pass. Binding checks every name, shape and dtype and reports, in one
+// Error, all missing, unexpected and mis-shaped tensors by name and file.
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "engine/io/safetensors.h"
+
+namespace specula::io {
+
+class WeightTable {
+ public:
+  struct Entry {
+    std::string name;             // full checkpoint name, prefix included
+    Shape shape;                  // expected shape
+    std::vector<DType> dtypes;    // accepted dtypes
+    Tensor* field = nullptr;      // where the view goes
+    bool required = true;         // optional entries stay empty when absent
+  };
+
+  // Declares a weight. Floating weights accept f32, bf16 and f16 by default.
+  void add(std::string name, Shape shape, Tensor* field, bool required = true);
+  void add_typed(std::string name, Shape shape, std::vector<DType> dtypes, Tensor* field,
+                 bool required = true);
+  // Names that may be present in the checkpoint and are deliberately not used
+  // (e.g. k_proj of KV-shared layers), and prefixes whose tensors are ignored
+  // (e.g. "model.vision_tower."). Anything else unused is "unexpected".
+  void ignore(std::string name) { ignored_.insert(std::move(name)); }
+  void ignore_prefix(std::string prefix) { ignored_prefixes_.push_back(std::move(prefix)); }
+
+  // Binds every entry to a view into `checkpoint`; throws one Error listing
+  // every problem. Views stay valid while the Checkpoint lives.
+  void bind(const Checkpoint& checkpoint) const;
+
+  const std::vector<Entry>& entries() const { return entries_; }
+
+ private:
+  std::vector<Entry> entries_;
+  std::set<std::string> ignored_;
+  std::vector<std::string> ignored_prefixes_;
+};
+
+}  // namespace specula::io

@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: Apache-2.0
+// Arena: a bump allocator for per-step scratch on the host. Reserve once from the
+// worst-case step, then `reset()` at the start of every step: steady-state
+// decode allocates nothing. Allocation beyond the reservation throws (a sizing
+// bug, not a runtime condition), so growth never happens silently.
+#pragma once
+
+#include <cstddef>
+
+#include "engine/core/buffer.h"
+
+namespace specula {
+
+class Arena {
+ public:
+  Arena() = default;
+  explicit Arena(size_t capacity_bytes) : buffer_(capacity_bytes) {}
+
+  // Drops every allocation; views handed out before become invalid.
+  void reset() { used_ = 0; }
+  // Uninitialised memory for `shape` (contents are whatever the last step left).
+  Tensor alloc(DType dtype, Shape shape);
+  size_t used() const { return used_; }
+  size_t capacity() const { return buffer_.size(); }
+  size_t high_water() const { return high_water_; }
+
+ private:
+  Buffer buffer_;
+  size_t used_ = 0;
+  size_t high_water_ = 0;
+};
+
+}  // namespace specula

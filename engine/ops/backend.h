@@ -1,0 +1,98 @@
+// SPDX-License-Identifier: Apache-2.0
+// Backend: the op set every device implements. The CPU backend
+// (engine/backend/cpu) is the plain reference every other backend is tested
+// against. Models call ops only through a Backend&, so the forward pass is the
+// same code on every device.
+//
+// Conventions for every op:
+// - Activations are f32 on the CPU backend; weights may be f32, bf16 or f16.
+// - All tensors are contiguous row-major views on the backend's device; outputs
+//   are caller-provided (ops never allocate).
+// - Shapes are checked and a mismatch throws an Error naming the op and both shapes.
+// - An output may alias an input only where the op says so.
+#pragma once
+
+#include <cstdint>
+
+#include "engine/core/tensor.h"
+
+namespace specula {
+
+// Causal (optionally sliding-window) grouped-query attention of S queries over T
+// keys whose absolute positions are k_pos0 .. k_pos0 + T - 1.
+struct AttentionParams {
+  Tensor q;            // f32 [S, n_heads, D]
+  Tensor k;            // f32 [T, n_kv_heads, D]
+  Tensor v;            // f32 [T, n_kv_heads, D]
+  Tensor out;          // f32 [S, n_heads, D]; must not alias q, k or v
+  Tensor q_positions;  // i32 [S]: absolute position of each query
+  int64_t k_pos0 = 0;  // absolute position of key 0
+  // Key j (absolute position kp) is visible to query i (position qp) iff
+  // (!causal || kp <= qp) && (window == 0 || kp > qp - window).
+  bool causal = true;
+  int window = 0;
+  float scale = 1.0f;  // scores = scale * q·k (Gemma 4 uses 1.0)
+};
+
+// Mixture-of-experts routing of N tokens over E experts (gemma4-architecture.md §6).
+struct MoeRouteParams {
+  Tensor logits;          // f32 [N, E] router scores
+  Tensor per_expert_scale;  // [E] (any float dtype)
+  Tensor expert_ids;      // i32 [N, k] out: chosen experts, by descending probability
+  Tensor expert_weights;  // f32 [N, k] out: renormalised top-k softmax weights × per-expert scale
+};
+
+// Routed expert FFN: out[n] = Σ_j w[n,j] · down_e(gelu_tanh(gate_e(x[n])) ⊙ up_e(x[n]))
+// with e = expert_ids[n,j]; experts are accumulated in ascending expert id.
+struct MoeExpertsParams {
+  Tensor x;               // f32 [N, H]
+  Tensor expert_ids;      // i32 [N, k]
+  Tensor expert_weights;  // f32 [N, k]
+  Tensor gate_up;         // [E, 2·I, H]: rows [0, I) gate, [I, 2I) up
+  Tensor down;            // [E, H, I]
+  Tensor out;             // f32 [N, H]; must not alias x
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual Device device() const = 0;
+  virtual const char* name() const = 0;
+
+  // y[M, N] = x[M, K] · w[N, K]ᵀ. x, y f32; w f32|bf16|f16. y must not alias x.
+  virtual void linear(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
+  // out[n, :] = table[ids[n], :] · scale. table [V, H] any float; ids i32 [N]; out f32 [N, H].
+  // An id outside [0, V) throws naming the id.
+  virtual void embedding(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) = 0;
+  // RMSNorm over the last dimension, in f32: out = x · (mean(x²) + eps)^-½ [· weight].
+  // x, out f32 [..., D]; weight [D] any float, or empty for the weightless variant.
+  // out may alias x.
+  virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) = 0;
+  // Rotate-half RoPE in place: for each row m and head, pairs (j, j + D/2) rotate by
+  // angle positions[m] · inv_freq[j]. x f32 [M, heads, D]; positions i32 [M];
+  // inv_freq f32 [D/2] (zeros leave a pair unrotated).
+  virtual void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) = 0;
+  virtual void attention(const AttentionParams& p) = 0;
+  // out = gelu_tanh(gate) ⊙ up; f32, same shapes; out may alias gate or up.
+  virtual void gelu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
+  // out = gelu_tanh(x); out may alias x.
+  virtual void gelu(const Tensor& x, const Tensor& out) = 0;
+  // out = a + b (same shapes, f32); out may alias a or b.
+  virtual void add(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // out = a ⊙ b (same shapes, f32); out may alias a or b.
+  virtual void mul(const Tensor& a, const Tensor& b, const Tensor& out) = 0;
+  // out = x · s; out may alias x.
+  virtual void scale(const Tensor& x, float s, const Tensor& out) = 0;
+  // out = cap · tanh(x / cap); out may alias x.
+  virtual void softcap(const Tensor& x, float cap, const Tensor& out) = 0;
+  // out[m] = index of the largest x[m, :] (lowest index on ties). x f32 [M, N]; out i32 [M].
+  virtual void argmax_rows(const Tensor& x, const Tensor& out) = 0;
+  // Row-wise softmax in f32; out may alias x.
+  virtual void softmax_rows(const Tensor& x, const Tensor& out) = 0;
+  virtual void moe_route(const MoeRouteParams& p) = 0;
+  virtual void moe_experts(const MoeExpertsParams& p) = 0;
+  // Byte copy between same-shaped tensors of the same dtype on this device.
+  virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+};
+
+}  // namespace specula
