@@ -1,2 +1,31 @@
 // SPDX-License-Identifier: Apache-2.0
-int main() { return 0; }
+// `specula`: the command-line front end. Flag parsing and wiring only; every
+// verb lives in its own cmd_*.cpp file.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <exception>
+
+#include "apps/cli/commands.h"
+#include "engine/core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"specula: Gemma 4 inference with lossless speculative decoding"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "specula 0.1.0");
+  specula::cli::register_generate(app);
+  specula::cli::register_score(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const specula::Error& e) {
+    fmt::print(stderr, "specula: error: {}\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "specula: internal error: {}\n", e.what());
+    return 2;
+  }
+  return 0;
+}

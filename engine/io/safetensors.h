@@ -80,6 +80,8 @@ class Checkpoint {
   const std::string& file_of(const std::string& name) const;
 
  private:
+  size_t owner_index(const std::string& name) const;  // throws naming the checkpoint+tensor
+
   std::string path_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, size_t> owner_;  // tensor name -> index into files_

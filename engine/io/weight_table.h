@@ -16,11 +16,11 @@ namespace specula::io {
 class WeightTable {
  public:
   struct Entry {
-    std::string name;             // full checkpoint name, prefix included
-    Shape shape;                  // expected shape
-    std::vector<DType> dtypes;    // accepted dtypes
-    Tensor* field = nullptr;      // where the view goes
-    bool required = true;         // optional entries stay empty when absent
+    std::string name;           // full checkpoint name, prefix included
+    Shape shape;                // expected shape
+    std::vector<DType> dtypes;  // accepted dtypes
+    Tensor* field = nullptr;    // where the view goes
+    bool required = true;       // optional entries stay empty when absent
   };
 
   // Declares a weight. Floating weights accept f32, bf16 and f16 by default.

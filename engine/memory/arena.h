@@ -15,6 +15,13 @@ class Arena {
  public:
   Arena() = default;
   explicit Arena(size_t capacity_bytes) : buffer_(capacity_bytes) {}
+  // An arena that only measures: alloc() returns views with no memory and
+  // counts the bytes a real arena would need (for sizing from a dry run).
+  static Arena measuring() {
+    Arena a;
+    a.measuring_ = true;
+    return a;
+  }
 
   // Drops every allocation; views handed out before become invalid.
   void reset() { used_ = 0; }
@@ -28,6 +35,7 @@ class Arena {
   Buffer buffer_;
   size_t used_ = 0;
   size_t high_water_ = 0;
+  bool measuring_ = false;
 };
 
 }  // namespace specula

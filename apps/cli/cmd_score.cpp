@@ -1,0 +1,94 @@
+// SPDX-License-Identifier: Apache-2.0
+// `specula score`: one forward over a prompt, writing the logits of every
+// position (and optionally hidden states and donor K/V) to a safetensors file,
+// named as in tests/golden/README.md so any implementation can be compared.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <memory>
+
+#include "apps/cli/commands.h"
+#include "engine/io/safetensors.h"
+#include "engine/model/gemma4/gemma4.h"
+
+namespace specula::cli {
+namespace {
+
+struct ScoreArgs {
+  std::string model;
+  std::string prompt_ids;
+  std::string out;
+  bool hidden = false;
+  bool layer_hidden = false;
+  bool donor_kv = false;
+  int threads = 0;
+};
+
+// [T, kv, D] (engine layout) -> [kv, T, D] (Hugging Face layout).
+HostTensor heads_first(const Tensor& t) {
+  const int64_t T = t.dim(0), KV = t.dim(1), D = t.dim(2);
+  HostTensor out(DType::kF32, {KV, T, D});
+  const float* src = t.data_as<const float>();
+  float* dst = out.data<float>();
+  for (int64_t i = 0; i < T; ++i) {
+    for (int64_t h = 0; h < KV; ++h) {
+      std::memcpy(dst + (h * T + i) * D, src + (i * KV + h) * D, static_cast<size_t>(D) * sizeof(float));
+    }
+  }
+  return out;
+}
+
+void run_score(const ScoreArgs& args) {
+  set_threads(args.threads);
+  const std::vector<int32_t> prompt = parse_id_list(args.prompt_ids, "--prompt-ids");
+  gemma4::LoadOptions load;
+  load.max_context = static_cast<int64_t>(prompt.size());
+  auto model = gemma4::Gemma4Model::load(args.model, load);
+  SequenceKv kv = model->new_sequence();
+  gemma4::ForwardRow row{.kv = &kv, .tokens = prompt, .all_logits = true};
+  gemma4::ForwardOptions options;
+  options.capture_layer_hidden = args.layer_hidden;
+  options.capture_donor_kv = args.donor_kv;
+  const gemma4::ForwardOutput& out = model->forward(std::span(&row, 1), options);
+
+  HostTensor ids(DType::kI32, {static_cast<int64_t>(prompt.size())});
+  std::memcpy(ids.data<int32_t>(), prompt.data(), prompt.size() * sizeof(int32_t));
+  std::vector<io::NamedTensor> tensors = {{"input_ids", ids}, {"logits", out.logits}};
+  if (args.hidden) tensors.push_back({"final_hidden", out.hidden});
+  for (size_t i = 0; i < out.layer_hidden.size(); ++i) {
+    tensors.push_back({fmt::format("hidden_states.{}", i), out.layer_hidden[i]});
+  }
+  std::vector<HostTensor> keep;
+  auto add_donor = [&](const std::optional<gemma4::ForwardOutput::DonorKv>& d, const char* type) {
+    if (!d) return;
+    keep.push_back(heads_first(d->k));
+    tensors.push_back({fmt::format("shared_kv.{}.k", type), keep.back()});
+    keep.push_back(heads_first(d->v));
+    tensors.push_back({fmt::format("shared_kv.{}.v", type), keep.back()});
+  };
+  keep.reserve(4);
+  add_donor(out.sliding_donor, "sliding_attention");
+  add_donor(out.full_donor, "full_attention");
+  io::write_safetensors(args.out, tensors, {{"model", args.model}, {"producer", "specula score"}});
+  fmt::print(stderr, "wrote {} tensors for {} positions to {}\n", tensors.size(), prompt.size(), args.out);
+}
+
+}  // namespace
+
+void register_score(CLI::App& app) {
+  auto args = std::make_shared<ScoreArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "score", "Run one forward over a prompt and write every position's logits to a safetensors file");
+  cmd->add_option("--model", args->model, "Checkpoint directory (config.json + safetensors)")->required();
+  cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, comma-separated")->required();
+  cmd->add_option("--out", args->out, "Output .safetensors file")->required();
+  cmd->add_flag("--hidden", args->hidden, "Also write the post-final-norm hidden states (final_hidden)");
+  cmd->add_flag("--layer-hidden", args->layer_hidden,
+                "Also write hidden_states.0..L (input of layer 0, each layer's output, [L] post-norm)");
+  cmd->add_flag("--donor-kv", args->donor_kv,
+                "Also write the donor layers' K/V (shared_kv.<layer type>.k/.v, [kv_heads, T, head_dim])");
+  cmd->add_option("--threads", args->threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->callback([args] { run_score(*args); });
+}
+
+}  // namespace specula::cli

@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+// rope and attention (gemma4-architecture.md §2.4-§2.6).
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "engine/backend/cpu/cpu_backend.h"
+
+namespace specula {
+
+void CpuBackend::rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+  constexpr const char* kOp = "rope";
+  cpu::check_host(kOp, "x", x);
+  cpu::check_host(kOp, "positions", positions);
+  cpu::check_host(kOp, "inv_freq", inv_freq);
+  cpu::check_dtype(kOp, "x", x, DType::kF32);
+  cpu::check_rank(kOp, "x", x, 3);
+  cpu::check_dtype(kOp, "positions", positions, DType::kI32);
+  cpu::check_dtype(kOp, "inv_freq", inv_freq, DType::kF32);
+  const int64_t m_rows = x.dim(0);
+  const int64_t heads = x.dim(1);
+  const int64_t d = x.dim(2);
+  if (d % 2 != 0) fail("rope: head dimension of x {} must be even", x.describe());
+  const int64_t half = d / 2;
+  if (positions.shape() != Shape({m_rows})) {
+    fail("rope: positions {} must be i32[{}] for x {}", positions.describe(), m_rows, x.describe());
+  }
+  if (inv_freq.shape() != Shape({half})) {
+    fail("rope: inv_freq {} must be f32[{}] (half the head dimension) for x {}",
+         inv_freq.describe(), half, x.describe());
+  }
+  cpu::check_no_alias(kOp, "x", x, "positions", positions);
+  cpu::check_no_alias(kOp, "x", x, "inv_freq", inv_freq);
+  if (x.numel() == 0) return;
+  const int32_t* pos = positions.data_as<const int32_t>();
+  const float* freq = inv_freq.data_as<const float>();
+  float* data = x.data_as<float>();
+#pragma omp parallel if (cpu::worth_parallel(m_rows * heads * d * 4))
+  {
+    std::vector<float> cos_t(static_cast<size_t>(half));
+    std::vector<float> sin_t(static_cast<size_t>(half));
+#pragma omp for schedule(static)
+    for (int64_t m = 0; m < m_rows; ++m) {
+      // As HF: angle = float(position) * inv_freq in f32, then f32 cos/sin.
+      const auto p = static_cast<float>(pos[m]);
+      for (int64_t j = 0; j < half; ++j) {
+        const float angle = p * freq[j];
+        cos_t[static_cast<size_t>(j)] = std::cos(angle);
+        sin_t[static_cast<size_t>(j)] = std::sin(angle);
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        float* row = data + (m * heads + h) * d;
+        for (int64_t j = 0; j < half; ++j) {
+          const float x1 = row[j];
+          const float x2 = row[j + half];
+          const float c = cos_t[static_cast<size_t>(j)];
+          const float s = sin_t[static_cast<size_t>(j)];
+          row[j] = x1 * c - x2 * s;
+          row[j + half] = x2 * c + x1 * s;
+        }
+      }
+    }
+  }
+}
+
+void CpuBackend::attention(const AttentionParams& p) {
+  constexpr const char* kOp = "attention";
+  cpu::check_host(kOp, "q", p.q);
+  cpu::check_host(kOp, "k", p.k);
+  cpu::check_host(kOp, "v", p.v);
+  cpu::check_host(kOp, "out", p.out);
+  cpu::check_host(kOp, "q_positions", p.q_positions);
+  cpu::check_dtype(kOp, "q", p.q, DType::kF32);
+  cpu::check_dtype(kOp, "k", p.k, DType::kF32);
+  cpu::check_dtype(kOp, "v", p.v, DType::kF32);
+  cpu::check_dtype(kOp, "out", p.out, DType::kF32);
+  cpu::check_dtype(kOp, "q_positions", p.q_positions, DType::kI32);
+  cpu::check_rank(kOp, "q", p.q, 3);
+  cpu::check_rank(kOp, "k", p.k, 3);
+  cpu::check_same_shape(kOp, "k", p.k, "v", p.v);
+  cpu::check_same_shape(kOp, "q", p.q, "out", p.out);
+  const int64_t s_len = p.q.dim(0);
+  const int64_t n_heads = p.q.dim(1);
+  const int64_t d = p.q.dim(2);
+  const int64_t t_len = p.k.dim(0);
+  const int64_t n_kv = p.k.dim(1);
+  if (p.k.dim(2) != d) {
+    fail("attention: q {} and k {} disagree on the head dimension ({} vs {})", p.q.describe(),
+         p.k.describe(), d, p.k.dim(2));
+  }
+  if (n_kv == 0 || n_heads % n_kv != 0) {
+    fail("attention: q {} has {} heads, which is not a multiple of the {} kv heads of k {}",
+         p.q.describe(), n_heads, n_kv, p.k.describe());
+  }
+  if (p.q_positions.shape() != Shape({s_len})) {
+    fail("attention: q_positions {} must be i32[{}] for q {}", p.q_positions.describe(), s_len,
+         p.q.describe());
+  }
+  if (p.window < 0) fail("attention: window must be >= 0 (0 = no window), got {}", p.window);
+  cpu::check_no_alias(kOp, "out", p.out, "q", p.q);
+  cpu::check_no_alias(kOp, "out", p.out, "k", p.k);
+  cpu::check_no_alias(kOp, "out", p.out, "v", p.v);
+  cpu::check_no_alias(kOp, "out", p.out, "q_positions", p.q_positions);
+  if (p.out.numel() == 0) return;
+
+  const int64_t group = n_heads / n_kv;
+  const float* q = p.q.data_as<const float>();
+  const float* k = p.k.data_as<const float>();
+  const float* v = p.v.data_as<const float>();
+  const int32_t* q_pos = p.q_positions.data_as<const int32_t>();
+  float* out = p.out.data_as<float>();
+  const int64_t k_pos0 = p.k_pos0;
+  const bool causal = p.causal;
+  const int64_t window = p.window;
+  const float scale = p.scale;
+  // Each (query, head) is independent and its visible keys form one contiguous
+  // range, computed directly rather than by testing every key. Cyclic scheduling
+  // spreads causal prefill (later queries see more keys) over the threads.
+#pragma omp parallel if (cpu::worth_parallel(s_len * n_heads * std::max <int64_t>(t_len, 1) * d))
+  {
+    std::vector<float> scores(static_cast<size_t>(t_len));
+#pragma omp for collapse(2) schedule(static, 1)
+    for (int64_t i = 0; i < s_len; ++i) {
+      for (int64_t h = 0; h < n_heads; ++h) {
+        float* o = out + (i * n_heads + h) * d;
+        // Key j (absolute position k_pos0 + j) is visible iff
+        // (!causal || kp <= qp) && (window == 0 || kp > qp - window).
+        const int64_t qp = q_pos[i];
+        int64_t lo = 0;
+        int64_t hi = t_len - 1;
+        if (causal) hi = std::min(hi, qp - k_pos0);
+        if (window > 0) lo = std::max(lo, qp - window + 1 - k_pos0);
+        if (lo > hi) {
+          std::fill(o, o + d, 0.0f);  // nothing visible: zeros, not 0/0
+          continue;
+        }
+        const float* qr = q + (i * n_heads + h) * d;
+        const int64_t kvh = h / group;
+        float max_score = -std::numeric_limits<float>::infinity();
+        for (int64_t j = lo; j <= hi; ++j) {
+          const float sc = scale * cpu::dot(qr, k + (j * n_kv + kvh) * d, d);
+          scores[static_cast<size_t>(j - lo)] = sc;
+          max_score = std::max(max_score, sc);
+        }
+        double sum = 0.0;
+        for (int64_t j = lo; j <= hi; ++j) {
+          float& e = scores[static_cast<size_t>(j - lo)];
+          e = std::exp(e - max_score);
+          sum += e;
+        }
+        const auto denom = static_cast<float>(sum);
+        std::fill(o, o + d, 0.0f);
+        for (int64_t j = lo; j <= hi; ++j) {
+          const float prob = scores[static_cast<size_t>(j - lo)] / denom;
+          cpu::axpy(prob, v + (j * n_kv + kvh) * d, o, d);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace specula

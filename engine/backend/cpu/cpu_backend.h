@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: Apache-2.0
+// CpuBackend: the reference implementation of every op in engine/ops/backend.h
+// (whose contract comments are the specification), with Hugging Face Gemma 4
+// numerics (gemma4-architecture.md §2, §4, §6). Activations are f32; weights
+// may be f32, bf16 or f16. Parallel over rows/heads with OpenMP; f32 GEMMs with
+// more than a few rows go to OpenBLAS.
+//
+// Determinism: every op computes each output row from its own input row(s) with
+// a fixed summation order, so a row's result does not depend on how many rows
+// share the call (for `linear` and the MoE experts up to cpu::kGemvMaxRows rows
+// per weight; larger calls use sgemm). Results do not depend on the thread count.
+//
+// Thread-safety: calls from several threads at once are safe; the only shared
+// state is a reusable scratch buffer that a concurrent caller does without.
+#pragma once
+
+#include "engine/backend/cpu/cpu_internal.h"
+#include "engine/ops/backend.h"
+
+namespace specula {
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend() = default;
+  CpuBackend(const CpuBackend&) = delete;
+  CpuBackend& operator=(const CpuBackend&) = delete;
+
+  Device device() const override { return Device::cpu(); }
+  const char* name() const override { return "cpu"; }
+
+  void linear(const Tensor& x, const Tensor& w, const Tensor& y) override;
+  // The scale is applied in f32 after converting the table row; a caller that
+  // wants HF's bf16 rounding of the scale (§2.3) passes the rounded value.
+  void embedding(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override;
+  void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
+  // A query that sees no key produces a zero row.
+  void attention(const AttentionParams& p) override;
+  void gelu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  void gelu(const Tensor& x, const Tensor& out) override;
+  void add(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void mul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void scale(const Tensor& x, float s, const Tensor& out) override;
+  // cap must be positive.
+  void softcap(const Tensor& x, float cap, const Tensor& out) override;
+  // A NaN counts as the largest value (first NaN wins), as in torch.argmax.
+  void argmax_rows(const Tensor& x, const Tensor& out) override;
+  // A row that is entirely -inf produces zeros rather than NaN.
+  void softmax_rows(const Tensor& x, const Tensor& out) override;
+  void moe_route(const MoeRouteParams& p) override;
+  void moe_experts(const MoeExpertsParams& p) override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+
+ private:
+  // Reused by linear / moe_experts for bf16/f16 weight blocks converted to f32.
+  cpu::ScratchPool scratch_;
+};
+
+}  // namespace specula

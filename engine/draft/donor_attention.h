@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+// DonorAttention: how a drafter whose layers own no K/V (the Gemma 4 assistant)
+// attends to the target's donor caches. The drafter's graph only hands over
+// queries; the storage behind this interface owns validity, layout and
+// encoding, so the same graph serves any cache implementation.
+#pragma once
+
+#include <span>
+#include <vector>
+
+#include "engine/core/buffer.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/model/gemma4/config.h"
+#include "engine/ops/backend.h"
+
+namespace specula {
+
+class DonorAttention {
+ public:
+  virtual ~DonorAttention() = default;
+  // One query per row: q f32 [B, n_heads, D] → out f32 [B, n_heads, D], row b
+  // attending (bidirectionally) over row b's donor K/V of layer type `type`.
+  // `recent` > 0 keeps only the most recent `recent` entries (sliding layers).
+  virtual void attend(gemma4::LayerType type, const Tensor& q, int recent, float scale,
+                      const Tensor& out) = 0;
+};
+
+// DonorAttention over the target's per-sequence caches: row b reads positions
+// [0, kv_b.length()) of the target's last sliding and last full donor layers.
+class TargetCacheDonors : public DonorAttention {
+ public:
+  TargetCacheDonors(Backend& backend, const gemma4::Gemma4Config& target);
+  // Binds the rows of the next draft steps (pointers must stay valid while used).
+  void bind(std::span<SequenceKv* const> rows);
+  void attend(gemma4::LayerType type, const Tensor& q, int recent, float scale, const Tensor& out) override;
+
+ private:
+  Backend& backend_;
+  int sliding_donor_ = -1;
+  int full_donor_ = -1;
+  std::vector<SequenceKv*> rows_;
+  HostTensor gather_k_, gather_v_;  // ring window scratch, grown on demand
+  HostTensor positions_;            // i32 [1] (unused by non-causal attention)
+};
+
+}  // namespace specula

@@ -1,0 +1,86 @@
+// SPDX-License-Identifier: Apache-2.0
+// SequenceKv: the key/value cache of one sequence, for every cache-owning layer.
+//
+// Full-attention layers keep every position in a linear buffer of
+// `max_context` rows. Sliding layers keep a ring of `window + max_rollback`
+// rows, so that rolling back up to `max_rollback - 1` freshly written
+// positions (rejected draft tokens) stays correct even after the ring wrapped:
+// the window + 1 newest positions (what the next target query and an
+// assistant drafter read) are still retained.
+//
+// Transactions: a forward writes the new positions [length, length + n) of each
+// layer (write_full / write_ring), and `commit(n)` makes them part of the
+// sequence. `truncate(len)` rolls back; writes past `length()` are invisible.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/core/buffer.h"
+
+namespace specula {
+
+struct KvLayerSpec {
+  bool owns_cache = false;  // KV-shared layers own none
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int window = 0;           // 0 = full attention (linear buffer), else ring of window + rollback
+};
+
+struct KvCacheSpec {
+  std::vector<KvLayerSpec> layers;  // one entry per model layer
+  int64_t max_context = 0;          // positions a sequence may reach
+  int max_rollback = 16;            // ring slack for speculative rollback
+};
+
+class SequenceKv {
+ public:
+  explicit SequenceKv(const KvCacheSpec& spec);
+  SequenceKv(SequenceKv&&) noexcept = default;
+  SequenceKv& operator=(SequenceKv&&) noexcept = default;
+
+  int64_t length() const { return length_; }
+  int64_t max_context() const { return spec_.max_context; }
+  const KvCacheSpec& spec() const { return spec_; }
+  bool is_ring(int layer) const { return spec_.layers[static_cast<size_t>(layer)].window > 0; }
+
+  // Full layers: views of rows [0, end) of the linear buffers, f32 [end, kv, D].
+  Tensor full_keys(int layer, int64_t end) const;
+  Tensor full_values(int layer, int64_t end) const;
+  // Writes positions [pos, pos + n) of a full layer. k, v f32 [n, kv, D].
+  void write_full(int layer, int64_t pos, const Tensor& k, const Tensor& v);
+
+  // Ring layers: copies positions [from, to) (which must be retained) into
+  // k_out, v_out f32 [to - from, kv, D] in temporal order.
+  void read_ring(int layer, int64_t from, int64_t to, const Tensor& k_out, const Tensor& v_out) const;
+  // Writes positions [pos, pos + n) into the ring (only the last `capacity` of
+  // them are kept).
+  void write_ring(int layer, int64_t pos, const Tensor& k, const Tensor& v);
+  // Oldest position still stored in the ring of `layer`.
+  int64_t ring_oldest(int layer) const;
+
+  // Makes n more positions part of the sequence. Throws past max_context.
+  void commit(int64_t n);
+  // Rolls back to `new_length` (≤ length()). Throws, naming the layer and the
+  // positions, if a sliding ring no longer holds the window that position needs.
+  void truncate(int64_t new_length);
+  // Checks that n new positions fit: throws naming the context size otherwise.
+  void check_room(int64_t n) const;
+
+ private:
+  struct LayerStore {
+    HostTensor k;  // f32 [capacity, kv, D]
+    HostTensor v;
+    int64_t capacity = 0;
+    int64_t written_end = 0;    // one past the newest position written
+    int64_t retained_from = 0;  // ring: oldest position still intact
+  };
+  const LayerStore& store(int layer) const;
+  LayerStore& store(int layer);
+
+  KvCacheSpec spec_;
+  std::vector<LayerStore> stores_;  // one per model layer (empty for shared layers)
+  int64_t length_ = 0;
+};
+
+}  // namespace specula

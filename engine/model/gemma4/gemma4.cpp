@@ -1,0 +1,457 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "engine/model/gemma4/gemma4.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace specula::gemma4 {
+namespace {
+
+// Rounds a scale the way HF does before multiplying a table of `dtype`:
+// torch.tensor(scale).to(weight.dtype).
+float round_to_dtype(float v, DType dtype) {
+  switch (dtype) {
+    case DType::kBF16: return bf16_to_f32(f32_to_bf16(v));
+    case DType::kF16: return f16_to_f32(f32_to_f16(v));
+    default: return v;
+  }
+}
+
+float read_scalar(const Tensor& t, const std::string& what) {
+  SPECULA_CHECK(t.numel() == 1, "{} must hold one value, has {}", what, t.numel());
+  switch (t.dtype()) {
+    case DType::kF32: return *t.data_as<const float>();
+    case DType::kBF16: return bf16_to_f32(*t.data_as<const uint16_t>());
+    case DType::kF16: return f16_to_f32(*t.data_as<const uint16_t>());
+    default: fail("{} has dtype {}, expected a float type", what, t.dtype());
+  }
+}
+
+}  // namespace
+
+HostTensor rope_inv_freq(const RopeConfig& rope, int head_dim) {
+  SPECULA_CHECK(head_dim > 0 && head_dim % 2 == 0, "RoPE head_dim must be even and positive, got {}", head_dim);
+  const int half = head_dim / 2;
+  int rotated = half;
+  if (rope.kind == RopeConfig::Kind::kProportional) {
+    // HF: int(partial_rotary_factor * head_dim // 2); exponents still use the full head_dim.
+    rotated = static_cast<int>(std::floor(rope.partial_rotary_factor * head_dim / 2.0));
+    rotated = std::clamp(rotated, 0, half);
+  }
+  HostTensor t(DType::kF32, {half});
+  float* f = t.data<float>();
+  const float theta = static_cast<float>(rope.theta);
+  const float factor = static_cast<float>(rope.factor);
+  for (int j = 0; j < half; ++j) {
+    const float exponent = static_cast<float>(2 * j) / static_cast<float>(head_dim);
+    float inv = j < rotated ? 1.0f / std::pow(theta, exponent) : 0.0f;
+    if (rope.kind == RopeConfig::Kind::kProportional) inv /= factor;
+    f[j] = inv;
+  }
+  return t;
+}
+
+// Per-forward scratch, carved from the arena (views only).
+struct Gemma4Model::Scratch {
+  Tensor ids;        // i32 [M]
+  Tensor positions;  // i32 [M]
+  Tensor h;          // f32 [M, H] residual stream
+  Tensor xn;         // f32 [M, H] normed input of a block
+  Tensor o;          // f32 [M, H] block output
+  Tensor q;          // f32 [M, Nh·Dmax]
+  Tensor attn;       // f32 [M, Nh·Dmax]
+  Tensor k;          // f32 [M, kvmax·Dmax]
+  Tensor v;          // f32 [M, kvmax·Dmax]
+  Tensor gate;       // f32 [M, Imax]
+  Tensor up;         // f32 [M, Imax]
+  Tensor ple;        // f32 [L, M, P] per-layer inputs, layer-major
+  Tensor ple_ctx;    // f32 [M, L·P]
+  Tensor ple_tok;    // f32 [M, L·P]
+  Tensor ple_gate;   // f32 [M, P]
+  Tensor moe_logits;   // f32 [M, E]
+  Tensor moe_ids;      // i32 [M, k]
+  Tensor moe_weights;  // f32 [M, k]
+  Tensor moe_x;        // f32 [M, H]
+  Tensor moe_out;      // f32 [M, H]
+  Tensor out_hidden;   // f32 [n_out, H]
+  Tensor logits;       // f32 [n_out, V]
+};
+
+// Per-row bookkeeping of one forward.
+struct Gemma4Model::RowPlan {
+  int64_t begin = 0;  // first token in the flattened batch
+  int64_t n = 0;      // tokens of this row
+  int64_t pos0 = 0;   // cache length before this forward
+  // Per layer: the K/V attention reads (views) and the position of their row 0.
+  std::vector<Tensor> attn_k, attn_v;
+  std::vector<int64_t> attn_pos0;
+  // Per sliding layer: gathered window + new rows (arena views).
+  std::vector<Tensor> gather_k, gather_v;
+};
+
+Gemma4Model::~Gemma4Model() = default;
+
+std::unique_ptr<Gemma4Model> Gemma4Model::load(const std::string& path, const LoadOptions& options) {
+  std::unique_ptr<Gemma4Model> m(new Gemma4Model());
+  m->path_ = path;
+  m->config_ = load_gemma4_config(path);
+  const Gemma4Config& c = m->config_;
+  m->checkpoint_ = std::make_unique<io::Checkpoint>(path);
+  io::WeightTable table;
+  declare_gemma4_weights(c, &m->weights_, &table);
+  table.bind(*m->checkpoint_);
+  if (!options.device.is_cpu()) {
+    fail("{}: loading onto {} is not supported yet (only the CPU backend exists in this build)", path,
+         options.device.str());
+  }
+  m->backend_ = &backend_for(options.device);
+
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    m->layer_scalars_.push_back(read_scalar(m->weights_.layers[static_cast<size_t>(i)].layer_scalar,
+                                            fmt::format("{}layers.{}.layer_scalar", c.weight_prefix, i)));
+  }
+  m->inv_freq_sliding_ = rope_inv_freq(c.rope_sliding, c.head_dim);
+  m->inv_freq_full_ = rope_inv_freq(c.rope_full, c.global_head_dim);
+  m->embed_scale_ = round_to_dtype(std::sqrt(static_cast<float>(c.hidden_size)), m->weights_.embed_tokens.dtype());
+  if (c.has_ple()) {
+    m->ple_embed_scale_ = round_to_dtype(std::sqrt(static_cast<float>(c.hidden_size_per_layer_input)),
+                                         m->weights_.embed_tokens_per_layer.dtype());
+  }
+
+  m->kv_spec_.max_context = std::min<int64_t>(options.max_context, c.max_position_embeddings);
+  m->kv_spec_.max_rollback = options.max_rollback;
+  for (const LayerSpec& l : c.layers) {
+    KvLayerSpec s;
+    s.owns_cache = !l.kv_shared;
+    s.n_kv_heads = l.n_kv_heads;
+    s.head_dim = l.head_dim;
+    s.window = l.type == LayerType::kSliding ? c.sliding_window : 0;
+    m->kv_spec_.layers.push_back(s);
+  }
+  m->scratch_ = std::make_unique<Scratch>();
+  return m;
+}
+
+void Gemma4Model::embed_scaled(const Tensor& ids, const Tensor& out) {
+  backend_->embedding(weights_.embed_tokens, ids, embed_scale_, out);
+}
+
+const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows, const ForwardOptions& options) {
+  const Gemma4Config& c = config_;
+  Backend& be = *backend_;
+  SPECULA_CHECK(!rows.empty(), "forward needs at least one row");
+  const int L = c.num_hidden_layers;
+  const int64_t H = c.hidden_size;
+  const int64_t P = c.hidden_size_per_layer_input;
+
+  // Validate everything before touching any cache.
+  int64_t M = 0, n_out = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const ForwardRow& row = rows[r];
+    if (row.kv == nullptr) fail("forward row {} has no KV cache", r);
+    if (row.tokens.empty()) fail("forward row {} has no tokens", r);
+    row.kv->check_room(static_cast<int64_t>(row.tokens.size()));
+    for (int32_t id : row.tokens) {
+      if (id < 0 || id >= c.vocab_size || (c.has_ple() && id >= c.vocab_size_per_layer_input)) {
+        fail("token id {} in row {} is outside the vocabulary of {} tokens", id, r, c.vocab_size);
+      }
+    }
+    M += static_cast<int64_t>(row.tokens.size());
+    n_out += row.all_logits ? static_cast<int64_t>(row.tokens.size()) : 1;
+  }
+
+  plans_.resize(rows.size());
+  for (size_t r = 0, begin = 0; r < rows.size(); ++r) {
+    RowPlan& p = plans_[r];
+    p.begin = static_cast<int64_t>(begin);
+    p.n = static_cast<int64_t>(rows[r].tokens.size());
+    p.pos0 = rows[r].kv->length();
+    p.attn_k.assign(static_cast<size_t>(L), Tensor());
+    p.attn_v.assign(static_cast<size_t>(L), Tensor());
+    p.attn_pos0.assign(static_cast<size_t>(L), 0);
+    p.gather_k.assign(static_cast<size_t>(L), Tensor());
+    p.gather_v.assign(static_cast<size_t>(L), Tensor());
+    begin += rows[r].tokens.size();
+  }
+
+  // Size the arena from a dry run of the same allocation sequence; it only
+  // grows when a step is larger than any before (never in steady-state decode).
+  auto carve = [&](Arena& a) {
+    Scratch& s = *scratch_;
+    int max_d = std::max(c.head_dim, c.global_head_dim);
+    int max_kv = 0, max_i = 0;
+    for (const LayerSpec& l : c.layers) {
+      max_kv = std::max(max_kv, l.n_kv_heads);
+      max_i = std::max(max_i, l.intermediate_size);
+    }
+    s.ids = a.alloc(DType::kI32, {M});
+    s.positions = a.alloc(DType::kI32, {M});
+    s.h = a.alloc(DType::kF32, {M, H});
+    s.xn = a.alloc(DType::kF32, {M, H});
+    s.o = a.alloc(DType::kF32, {M, H});
+    s.q = a.alloc(DType::kF32, {M, int64_t{c.num_attention_heads} * max_d});
+    s.attn = a.alloc(DType::kF32, {M, int64_t{c.num_attention_heads} * max_d});
+    s.k = a.alloc(DType::kF32, {M, int64_t{max_kv} * max_d});
+    s.v = a.alloc(DType::kF32, {M, int64_t{max_kv} * max_d});
+    s.gate = a.alloc(DType::kF32, {M, max_i});
+    s.up = a.alloc(DType::kF32, {M, max_i});
+    if (P > 0) {
+      s.ple = a.alloc(DType::kF32, {L, M, P});
+      s.ple_ctx = a.alloc(DType::kF32, {M, L * P});
+      s.ple_tok = a.alloc(DType::kF32, {M, L * P});
+      s.ple_gate = a.alloc(DType::kF32, {M, P});
+    }
+    if (c.enable_moe_block) {
+      s.moe_logits = a.alloc(DType::kF32, {M, c.num_experts});
+      s.moe_ids = a.alloc(DType::kI32, {M, c.top_k_experts});
+      s.moe_weights = a.alloc(DType::kF32, {M, c.top_k_experts});
+      s.moe_x = a.alloc(DType::kF32, {M, H});
+      s.moe_out = a.alloc(DType::kF32, {M, H});
+    }
+    s.out_hidden = a.alloc(DType::kF32, {n_out, H});
+    if (options.compute_logits) s.logits = a.alloc(DType::kF32, {n_out, c.vocab_size});
+    for (RowPlan& p : plans_) {
+      for (int l = 0; l < L; ++l) {
+        const LayerSpec& ls = c.layers[static_cast<size_t>(l)];
+        if (ls.kv_shared || ls.type != LayerType::kSliding) continue;
+        const int64_t from = std::max<int64_t>(0, p.pos0 - c.sliding_window + 1);
+        const int64_t rows_needed = p.pos0 - from + p.n;
+        p.gather_k[static_cast<size_t>(l)] = a.alloc(DType::kF32, {rows_needed, ls.n_kv_heads, ls.head_dim});
+        p.gather_v[static_cast<size_t>(l)] = a.alloc(DType::kF32, {rows_needed, ls.n_kv_heads, ls.head_dim});
+      }
+    }
+  };
+  Arena measure = Arena::measuring();
+  carve(measure);
+  if (measure.used() > arena_.capacity()) arena_ = Arena(measure.used() + measure.used() / 4);
+  arena_.reset();
+  carve(arena_);
+  Scratch& s = *scratch_;
+
+  int32_t* ids = s.ids.data_as<int32_t>();
+  int32_t* pos = s.positions.data_as<int32_t>();
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const RowPlan& p = plans_[r];
+    for (int64_t i = 0; i < p.n; ++i) {
+      ids[p.begin + i] = rows[r].tokens[static_cast<size_t>(i)];
+      pos[p.begin + i] = static_cast<int32_t>(p.pos0 + i);
+    }
+  }
+
+  // Embedding (×√H cast to the table dtype) and per-layer inputs (§3.1-3.2).
+  be.embedding(weights_.embed_tokens, s.ids, embed_scale_, s.h);
+  if (P > 0) {
+    be.embedding(weights_.embed_tokens_per_layer, s.ids, ple_embed_scale_, s.ple_tok);
+    be.linear(s.h, weights_.per_layer_model_projection, s.ple_ctx);
+    be.scale(s.ple_ctx, 1.0f / std::sqrt(static_cast<float>(H)), s.ple_ctx);
+    Tensor ctx_rows = s.ple_ctx.reshape({M * L, P});
+    be.rms_norm(ctx_rows, weights_.per_layer_projection_norm, static_cast<float>(c.rms_norm_eps), ctx_rows);
+    be.add(s.ple_ctx, s.ple_tok, s.ple_ctx);
+    be.scale(s.ple_ctx, static_cast<float>(1.0 / std::sqrt(2.0)), s.ple_ctx);
+    // [M, L, P] -> [L, M, P] so that each layer reads one contiguous [M, P] block.
+    for (int64_t m = 0; m < M; ++m) {
+      for (int l = 0; l < L; ++l) {
+        be.copy(s.ple_ctx.row(m).reshape({L, P}).row(l), s.ple.row(l).row(m));
+      }
+    }
+  }
+
+  output_.layer_hidden.clear();
+  if (options.capture_layer_hidden) {
+    output_.layer_hidden.reserve(static_cast<size_t>(L + 1));
+    output_.layer_hidden.emplace_back(DType::kF32, Shape{M, H});
+    be.copy(s.h, output_.layer_hidden.back());
+  }
+
+  for (int l = 0; l < L; ++l) {
+    run_layer(l, rows, plans_, options);
+    if (options.capture_layer_hidden && l + 1 < L) {
+      output_.layer_hidden.emplace_back(DType::kF32, Shape{M, H});
+      be.copy(s.h, output_.layer_hidden.back());
+    }
+  }
+
+  // Donor K/V of row 0, for `score` and drafters.
+  output_.sliding_donor.reset();
+  output_.full_donor.reset();
+  if (options.capture_donor_kv) {
+    auto keep = [&](int donor, std::optional<ForwardOutput::DonorKv>* dst) {
+      if (donor < 0) return;
+      const RowPlan& p = plans_[0];
+      ForwardOutput::DonorKv d;
+      d.k = HostTensor(DType::kF32, p.attn_k[static_cast<size_t>(donor)].shape());
+      d.v = HostTensor(DType::kF32, p.attn_v[static_cast<size_t>(donor)].shape());
+      be.copy(p.attn_k[static_cast<size_t>(donor)], d.k);
+      be.copy(p.attn_v[static_cast<size_t>(donor)], d.v);
+      d.pos0 = p.attn_pos0[static_cast<size_t>(donor)];
+      *dst = std::move(d);
+    };
+    keep(c.sliding_donor, &output_.sliding_donor);
+    keep(c.full_donor, &output_.full_donor);
+  }
+
+  // Final norm and head on the requested positions (§3.6).
+  output_.row_out_begin.assign(rows.size() + 1, 0);
+  int64_t out = 0;
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const RowPlan& p = plans_[r];
+    output_.row_out_begin[r] = out;
+    const int64_t first = rows[r].all_logits ? 0 : p.n - 1;
+    be.copy(s.h.slice_rows(p.begin + first, p.begin + p.n), s.out_hidden.slice_rows(out, out + p.n - first));
+    out += p.n - first;
+  }
+  output_.row_out_begin[rows.size()] = out;
+  be.rms_norm(s.out_hidden, weights_.norm, static_cast<float>(c.rms_norm_eps), s.out_hidden);
+  output_.hidden = s.out_hidden;
+  output_.logits = Tensor();
+  if (options.compute_logits) {
+    be.linear(s.out_hidden, weights_.embed_tokens, s.logits);
+    if (c.final_logit_softcapping) be.softcap(s.logits, static_cast<float>(*c.final_logit_softcapping), s.logits);
+    output_.logits = s.logits;
+  }
+  if (options.capture_layer_hidden) {
+    output_.layer_hidden.emplace_back(DType::kF32, Shape{M, H});
+    be.rms_norm(s.h, weights_.norm, static_cast<float>(c.rms_norm_eps), output_.layer_hidden.back());
+  }
+
+  for (size_t r = 0; r < rows.size(); ++r) rows[r].kv->commit(plans_[r].n);
+  return output_;
+}
+
+void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<RowPlan> plans,
+                            const ForwardOptions& options) {
+  const Gemma4Config& c = config_;
+  Backend& be = *backend_;
+  Scratch& s = *scratch_;
+  const LayerSpec& spec = c.layers[static_cast<size_t>(l)];
+  const Gemma4LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int64_t M = s.h.dim(0);
+  const int64_t H = c.hidden_size;
+  const int64_t D = spec.head_dim;
+  const int64_t Nh = c.num_attention_heads;
+  const int64_t KV = spec.n_kv_heads;
+  const bool sliding = spec.type == LayerType::kSliding;
+  const Tensor& inv_freq = sliding ? inv_freq_sliding_.view() : inv_freq_full_.view();
+  const size_t li = static_cast<size_t>(l);
+
+  // 1. Attention block (§4 step 1, §4.2).
+  be.rms_norm(s.h, w.input_layernorm, eps, s.xn);
+  Tensor q = Tensor(s.q.data(), DType::kF32, {M, Nh * D});
+  be.linear(s.xn, w.q_proj, q);
+  be.rms_norm(q.reshape({M * Nh, D}), w.q_norm, eps, q.reshape({M * Nh, D}));
+  be.rope(q.reshape({M, Nh, D}), s.positions, inv_freq);
+
+  if (!spec.kv_shared) {
+    Tensor k = Tensor(s.k.data(), DType::kF32, {M, KV * D});
+    Tensor v = Tensor(s.v.data(), DType::kF32, {M, KV * D});
+    be.linear(s.xn, w.k_proj, k);
+    if (spec.k_eq_v) {
+      be.copy(k, v);  // V derives from the raw K projection (attention_k_eq_v)
+    } else {
+      be.linear(s.xn, w.v_proj, v);
+    }
+    be.rms_norm(k.reshape({M * KV, D}), w.k_norm, eps, k.reshape({M * KV, D}));
+    be.rope(k.reshape({M, KV, D}), s.positions, inv_freq);
+    be.rms_norm(v.reshape({M * KV, D}), Tensor(), eps, v.reshape({M * KV, D}));
+    for (size_t r = 0; r < rows.size(); ++r) {
+      RowPlan& p = plans[r];
+      SequenceKv& kv = *rows[r].kv;
+      Tensor k_new = k.slice_rows(p.begin, p.begin + p.n).reshape({p.n, KV, D});
+      Tensor v_new = v.slice_rows(p.begin, p.begin + p.n).reshape({p.n, KV, D});
+      if (sliding) {
+        // Window rows from the ring, then the new rows, in one contiguous block.
+        const int64_t from = std::max<int64_t>(0, p.pos0 - c.sliding_window + 1);
+        Tensor gk = p.gather_k[li];
+        Tensor gv = p.gather_v[li];
+        const int64_t old = p.pos0 - from;
+        if (old > 0) kv.read_ring(l, from, p.pos0, gk.slice_rows(0, old), gv.slice_rows(0, old));
+        be.copy(k_new, gk.slice_rows(old, old + p.n));
+        be.copy(v_new, gv.slice_rows(old, old + p.n));
+        kv.write_ring(l, p.pos0, k_new, v_new);
+        p.attn_k[li] = gk;
+        p.attn_v[li] = gv;
+        p.attn_pos0[li] = from;
+      } else {
+        kv.write_full(l, p.pos0, k_new, v_new);
+        p.attn_k[li] = kv.full_keys(l, p.pos0 + p.n);
+        p.attn_v[li] = kv.full_values(l, p.pos0 + p.n);
+        p.attn_pos0[li] = 0;
+      }
+    }
+  } else {
+    const size_t donor = static_cast<size_t>(spec.kv_donor);
+    for (RowPlan& p : plans) {
+      p.attn_k[li] = p.attn_k[donor];
+      p.attn_v[li] = p.attn_v[donor];
+      p.attn_pos0[li] = p.attn_pos0[donor];
+    }
+  }
+
+  Tensor attn = Tensor(s.attn.data(), DType::kF32, {M, Nh * D});
+  for (const RowPlan& p : plans) {
+    AttentionParams ap;
+    ap.q = q.slice_rows(p.begin, p.begin + p.n).reshape({p.n, Nh, D});
+    ap.k = p.attn_k[li];
+    ap.v = p.attn_v[li];
+    ap.out = attn.slice_rows(p.begin, p.begin + p.n).reshape({p.n, Nh, D});
+    ap.q_positions = s.positions.slice_rows(p.begin, p.begin + p.n);
+    ap.k_pos0 = p.attn_pos0[li];
+    ap.causal = true;
+    ap.window = sliding ? c.sliding_window : 0;
+    ap.scale = 1.0f;  // Gemma 4 normalises q and k instead of scaling (§2.5)
+    be.attention(ap);
+  }
+  be.linear(attn, w.o_proj, s.o);
+  be.rms_norm(s.o, w.post_attention_layernorm, eps, s.o);
+  be.add(s.h, s.o, s.h);
+
+  // 2-4. Feed-forward: dense MLP, plus the routed experts on MoE layers (§4, §6).
+  const int64_t I = spec.intermediate_size;
+  Tensor gate = Tensor(s.gate.data(), DType::kF32, {M, I});
+  Tensor up = Tensor(s.up.data(), DType::kF32, {M, I});
+  be.rms_norm(s.h, w.pre_feedforward_layernorm, eps, s.xn);
+  be.linear(s.xn, w.gate_proj, gate);
+  be.linear(s.xn, w.up_proj, up);
+  be.gelu_mul(gate, up, gate);
+  be.linear(gate, w.down_proj, s.o);
+  if (c.enable_moe_block) {
+    be.rms_norm(s.o, w.post_feedforward_layernorm_1, eps, s.o);
+    // Router reads the un-normed residual: norm without scale, × router.scale, × H^-½.
+    be.rms_norm(s.h, w.router_scale, eps, s.moe_x);
+    be.scale(s.moe_x, 1.0f / std::sqrt(static_cast<float>(H)), s.moe_x);
+    be.linear(s.moe_x, w.router_proj, s.moe_logits);
+    be.moe_route({.logits = s.moe_logits,
+                  .per_expert_scale = w.router_per_expert_scale,
+                  .expert_ids = s.moe_ids,
+                  .expert_weights = s.moe_weights});
+    be.rms_norm(s.h, w.pre_feedforward_layernorm_2, eps, s.moe_x);
+    be.moe_experts({.x = s.moe_x,
+                    .expert_ids = s.moe_ids,
+                    .expert_weights = s.moe_weights,
+                    .gate_up = w.experts_gate_up,
+                    .down = w.experts_down,
+                    .out = s.moe_out});
+    be.rms_norm(s.moe_out, w.post_feedforward_layernorm_2, eps, s.moe_out);
+    be.add(s.o, s.moe_out, s.o);
+  }
+  be.rms_norm(s.o, w.post_feedforward_layernorm, eps, s.o);
+  be.add(s.h, s.o, s.h);
+
+  // 5. Per-layer input (§4 step 5).
+  if (c.has_ple()) {
+    be.linear(s.h, w.per_layer_input_gate, s.ple_gate);
+    be.gelu(s.ple_gate, s.ple_gate);
+    be.mul(s.ple_gate, s.ple.row(l), s.ple_gate);
+    be.linear(s.ple_gate, w.per_layer_projection, s.o);
+    be.rms_norm(s.o, w.post_per_layer_input_norm, eps, s.o);
+    be.add(s.h, s.o, s.h);
+  }
+
+  // 6. layer_scalar scales the whole residual stream.
+  be.scale(s.h, layer_scalars_[li], s.h);
+  (void)options;
+}
+
+}  // namespace specula::gemma4

@@ -1,0 +1,120 @@
+// SPDX-License-Identifier: Apache-2.0
+// Gemma4Model: the Gemma 4 text decoder (gemma4-architecture.md §2-§7) over a
+// Backend, with batched rows at independent positions.
+//
+// One forward takes any number of rows; row r appends its tokens to its own
+// SequenceKv at positions [kv.length(), kv.length() + n_r). All rows' tokens are
+// flattened for the matrix products; attention runs per row. The caches are
+// committed only when the whole forward succeeded.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/backend/backends.h"
+#include "engine/io/safetensors.h"
+#include "engine/kv/kv_cache.h"
+#include "engine/memory/arena.h"
+#include "engine/model/gemma4/config.h"
+#include "engine/model/gemma4/weights.h"
+
+namespace specula::gemma4 {
+
+struct ForwardRow {
+  SequenceKv* kv = nullptr;              // this row's cache; not owned
+  std::span<const int32_t> tokens;       // at least one token
+  bool all_logits = false;               // outputs for every token, else only the last
+};
+
+struct ForwardOptions {
+  bool compute_logits = true;
+  // Keep hidden_states[0..L] (HF output_hidden_states semantics, [L] = post-norm)
+  // for every token of every row.
+  bool capture_layer_hidden = false;
+  // Keep the donor K/V of row 0 as used by this forward (positions visible to its
+  // last token), per layer type.
+  bool capture_donor_kv = false;
+};
+
+// Results of one forward. Views point into the model's scratch and stay valid
+// until the next forward on the same model.
+struct ForwardOutput {
+  Tensor logits;   // f32 [n_out, V] after soft-capping (empty unless compute_logits)
+  Tensor hidden;   // f32 [n_out, H] post-final-norm hidden of the same positions
+  std::vector<int64_t> row_out_begin;  // row r's outputs are [row_out_begin[r], row_out_begin[r+1])
+  std::vector<HostTensor> layer_hidden;  // L+1 tensors f32 [M, H] when captured
+  // Donor K/V of row 0 (f32 [T, kv, D]) and the absolute position of their first row.
+  struct DonorKv {
+    HostTensor k, v;
+    int64_t pos0 = 0;
+  };
+  std::optional<DonorKv> sliding_donor, full_donor;
+};
+
+struct LoadOptions {
+  Device device = Device::cpu();
+  int64_t max_context = 4096;  // default context per sequence (clamped to max_position_embeddings)
+  int max_rollback = 16;       // sliding-ring slack for speculative rollback
+};
+
+class Gemma4Model {
+ public:
+  // Loads config.json and the safetensors checkpoint of `path`; every tensor
+  // name, shape and dtype is checked (errors name the file and tensor).
+  static std::unique_ptr<Gemma4Model> load(const std::string& path, const LoadOptions& options = {});
+
+  ~Gemma4Model();
+  Gemma4Model(const Gemma4Model&) = delete;
+  Gemma4Model& operator=(const Gemma4Model&) = delete;
+
+  const Gemma4Config& config() const { return config_; }
+  const std::string& path() const { return path_; }
+  Backend& backend() const { return *backend_; }
+  int64_t max_context() const { return kv_spec_.max_context; }
+
+  // A fresh, empty cache for one sequence.
+  SequenceKv new_sequence() const { return SequenceKv(kv_spec_); }
+  const KvCacheSpec& kv_spec() const { return kv_spec_; }
+
+  // Runs the decoder over `rows` and commits every row's tokens to its cache.
+  // Throws (leaving every cache length unchanged) on bad input: an id outside
+  // the vocabulary, a row that would exceed its context.
+  const ForwardOutput& forward(std::span<const ForwardRow> rows, const ForwardOptions& options = {});
+
+  // The target's scaled input embedding (×√H cast to the table dtype), as the
+  // assistant drafter consumes it. ids i32 [N] → out f32 [N, H].
+  void embed_scaled(const Tensor& ids, const Tensor& out);
+
+ private:
+  Gemma4Model() = default;
+  struct RowPlan;
+  void run_layer(int layer, std::span<const ForwardRow> rows, std::span<RowPlan> plans, const ForwardOptions& options);
+
+  std::string path_;
+  Gemma4Config config_;
+  std::unique_ptr<io::Checkpoint> checkpoint_;
+  Gemma4Weights weights_;
+  std::vector<float> layer_scalars_;  // host copies of layers.*.layer_scalar
+  Backend* backend_ = nullptr;
+  KvCacheSpec kv_spec_;
+  HostTensor inv_freq_sliding_;  // f32 [Ds/2]
+  HostTensor inv_freq_full_;     // f32 [Df/2]
+  float embed_scale_ = 1.0f;
+  float ple_embed_scale_ = 1.0f;
+  Arena arena_;
+  ForwardOutput output_;
+  // Per-forward scratch views (arena-owned).
+  struct Scratch;
+  std::unique_ptr<Scratch> scratch_;
+  std::vector<RowPlan> plans_;  // reused across forwards
+};
+
+// Builds the inverse frequencies of one layer type (gemma4-architecture.md §2.4):
+// default RoPE over head_dim, or proportional RoPE with zero frequencies past the
+// rotated fraction. Returns f32 [head_dim / 2].
+HostTensor rope_inv_freq(const RopeConfig& rope, int head_dim);
+
+}  // namespace specula::gemma4

@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "engine/sampling/speculative.h"
+
+#include <algorithm>
+
+#include "engine/core/error.h"
+
+namespace specula {
+
+bool accept_draft(std::span<const float> p, std::span<const float> q, int32_t token, double u) {
+  if (p.size() != q.size()) {
+    fail("accept_draft: target distribution has {} entries, draft distribution {}", p.size(),
+         q.size());
+  }
+  if (token < 0 || static_cast<size_t>(token) >= p.size()) {
+    fail("accept_draft: draft token {} is outside the vocabulary [0, {})", token, p.size());
+  }
+  const double pt = p[static_cast<size_t>(token)];
+  const double qt = q[static_cast<size_t>(token)];
+  if (!(pt > 0.0)) return false;
+  if (!(qt > 0.0)) return true;  // ratio taken as 1: u < 1 always holds
+  return u < std::min(1.0, pt / qt);
+}
+
+void residual_distribution(std::span<const float> p, std::span<const float> q,
+                           std::span<float> out) {
+  if (p.size() != q.size() || p.size() != out.size()) {
+    fail("residual_distribution: sizes differ (p {}, q {}, out {})", p.size(), q.size(),
+         out.size());
+  }
+  double mass = 0.0;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const float r = std::max(p[i] - q[i], 0.0f);
+    out[i] = r;
+    mass += r;
+  }
+  if (mass <= 1e-12) {
+    mass = 0.0;
+    for (size_t i = 0; i < p.size(); ++i) {
+      out[i] = p[i];
+      mass += p[i];
+    }
+    if (!(mass > 0.0)) fail("residual_distribution: the target distribution has no mass");
+  }
+  const double inv = 1.0 / mass;
+  for (float& x : out) x = static_cast<float>(x * inv);
+}
+
+}  // namespace specula

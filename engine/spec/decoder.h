@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: Apache-2.0
+// The decoding loop for batched rows, with or without speculation.
+//
+// Without a drafter every round is one plain decode step per row. With one,
+// a round drafts k tokens per row, verifies [pending, d1..dk] of every row in
+// ONE target forward (one batched lm-head), accepts per row, emits the
+// accepted drafts plus one target token (correction or bonus), and rolls every
+// cache back to the accepted length. Greedy rows accept the longest prefix
+// matching the target's argmax; sampled rows run exact speculative sampling
+// (accept with min(1, p/q), else sample normalize(max(p - q, 0)); bonus from p
+// when all are accepted), p and q processed by the same sampling pipeline.
+// Either way the emitted tokens are distributed exactly as without speculation.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/draft/drafter.h"
+#include "engine/model/gemma4/gemma4.h"
+#include "engine/sampling/sampling_params.h"
+
+namespace specula::spec {
+
+struct DecodeRequest {
+  std::vector<int32_t> prompt;  // non-empty
+  SamplingParams params;        // temperature 0 = greedy; max_tokens; stop_token_ids; seed
+};
+
+struct DraftSchedule {
+  int draft_tokens = 4;      // k per round (the starting k when adaptive)
+  bool adaptive = false;     // +2 after a fully accepted round, -1 otherwise (min 1, max max_draft_tokens)
+  int max_draft_tokens = 8;
+};
+
+// Counters of one request (or, merged, of many).
+struct DecodeStats {
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  int64_t target_forwards = 0;  // prefill + one per round
+  int64_t rounds = 0;           // verify rounds (plain decode steps count as rounds with k = 0)
+  int64_t drafted = 0;
+  int64_t accepted = 0;
+  std::vector<int64_t> drafted_at, accepted_at;  // per draft position (0 = first draft)
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+
+  double acceptance_rate() const { return drafted ? static_cast<double>(accepted) / drafted : 0.0; }
+  // τ: tokens committed per verify round (accepted drafts + the target's token).
+  double mean_accepted_length() const { return rounds ? static_cast<double>(accepted + rounds) / rounds : 0.0; }
+  double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0; }
+  // Tokens after the first (which comes with the prefill) per second of decoding.
+  double decode_tokens_per_second() const {
+    return decode_seconds > 0 && generated_tokens > 1 ? (generated_tokens - 1) / decode_seconds : 0;
+  }
+  void merge(const DecodeStats& other);
+};
+
+struct DecodeResult {
+  std::vector<int32_t> tokens;  // generated tokens (a stop token is included)
+  std::string finish_reason;    // "length", "stop", "context" or "cancelled"
+  DecodeStats stats;
+};
+
+// Called whenever a request's tokens are committed; return false to cancel it.
+using TokenCallback = std::function<bool(int request, std::span<const int32_t> new_tokens)>;
+
+// Decodes every request to completion, batching all unfinished rows in each
+// target forward. `drafter` may be null (plain decoding). Throws an Error for
+// invalid requests (empty prompt, prompt + max_tokens beyond the context,
+// invalid sampling params) before any work starts.
+std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
+                                 std::span<const DecodeRequest> requests, const DraftSchedule& schedule,
+                                 const TokenCallback& on_tokens = {});
+
+}  // namespace specula::spec

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds, and runs every test:
+#   1. the Release build's full test suite (unit, golden parity, end-to-end);
+#   2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer;
+#   3. a bounded fuzz run of the safetensors-header and config parsers (ASan build).
+# Usage: scripts/test.sh [--quick]   (--quick: step 1 only)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+bash scripts/setup.sh
+if [[ -f scripts/fetch_test_data.sh ]]; then bash scripts/fetch_test_data.sh >/dev/null; fi
+jobs=${SPECULA_JOBS:-$(nproc)}
+
+echo "== build (Release)"
+bash scripts/build.sh build
+echo "== tests (Release)"
+ctest --test-dir build --output-on-failure -j "$jobs" -LE fuzz
+
+if [[ "${1:-}" == "--quick" ]]; then exit 0; fi
+
+echo "== build (AddressSanitizer + UndefinedBehaviorSanitizer)"
+bash scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DSPECULA_SANITIZE=address;undefined"
+echo "== tests (ASan + UBSan)"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j "$jobs" -LE fuzz
+echo "== fuzz (bounded)"
+ctest --test-dir build-asan --output-on-failure -L fuzz

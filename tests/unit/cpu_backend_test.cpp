@@ -1,0 +1,853 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CPU backend against naive double-precision references written here from
+// the op contracts (engine/ops/backend.h) and gemma4-architecture.md.
+//
+// Tolerance: an f32 result passes when |got - ref| <= 1e-5 · (|ref| + rms(ref)),
+// i.e. 1e-5 relative, with the tensor's RMS as the floor so elements that cancel
+// to near zero are judged on the tensor's scale. Inputs in bf16/f16 are decoded
+// exactly, so they share the f32 tolerance.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <numbers>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/backend/backends.h"
+#include "engine/backend/cpu/cpu_internal.h"
+#include "engine/core/buffer.h"
+
+namespace specula {
+namespace {
+
+constexpr double kRtol = 1e-5;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// Exact decode of any float tensor (f32/bf16/f16) to double.
+std::vector<double> to_double(const Tensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    switch (t.dtype()) {
+      case DType::kF32:
+        v[i] = t.data_as<const float>()[i];
+        break;
+      case DType::kBF16:
+        v[i] = bf16_to_f32(t.data_as<const uint16_t>()[i]);
+        break;
+      case DType::kF16:
+        v[i] = f16_to_f32(t.data_as<const uint16_t>()[i]);
+        break;
+      default:
+        ADD_FAILURE() << "to_double: not a float tensor " << t.describe();
+    }
+  }
+  return v;
+}
+
+HostTensor make_float(DType dtype, Shape shape, const std::vector<float>& values) {
+  HostTensor t(dtype, shape);
+  EXPECT_EQ(static_cast<int64_t>(values.size()), t.numel());
+  for (size_t i = 0; i < values.size(); ++i) {
+    switch (dtype) {
+      case DType::kF32:
+        t.data<float>()[i] = values[i];
+        break;
+      case DType::kBF16:
+        t.data<uint16_t>()[i] = f32_to_bf16(values[i]);
+        break;
+      case DType::kF16:
+        t.data<uint16_t>()[i] = f32_to_f16(values[i]);
+        break;
+      default:
+        ADD_FAILURE() << "make_float: not a float dtype";
+    }
+  }
+  return t;
+}
+
+HostTensor make_i32(Shape shape, const std::vector<int32_t>& values) {
+  HostTensor t(DType::kI32, shape);
+  EXPECT_EQ(static_cast<int64_t>(values.size()), t.numel());
+  std::copy(values.begin(), values.end(), t.data<int32_t>());
+  return t;
+}
+
+// Asserts the tolerance stated at the top of the file; reports the worst element.
+void expect_close(const Tensor& got, const std::vector<double>& ref, const std::string& what,
+                  double rtol = kRtol) {
+  ASSERT_EQ(got.dtype(), DType::kF32) << what;
+  ASSERT_EQ(static_cast<size_t>(got.numel()), ref.size()) << what;
+  double sq = 0.0;
+  for (double r : ref) sq += r * r;
+  const double rms = ref.empty() ? 0.0 : std::sqrt(sq / static_cast<double>(ref.size()));
+  const float* g = got.data_as<const float>();
+  int64_t bad = 0;
+  int64_t worst = -1;
+  double worst_ratio = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double err = std::abs(static_cast<double>(g[i]) - ref[i]);
+    const double allowed = rtol * (std::abs(ref[i]) + rms);
+    const double ratio = allowed > 0 ? err / allowed : (err > 0 ? kInf : 0.0);
+    if (!(err <= allowed)) ++bad;  // also catches NaN
+    if (!(ratio <= worst_ratio)) {
+      worst_ratio = ratio;
+      worst = static_cast<int64_t>(i);
+    }
+  }
+  EXPECT_EQ(bad, 0) << what << ": " << bad << " of " << ref.size()
+                    << " elements out of tolerance; worst at " << worst << ": got "
+                    << (worst >= 0 ? g[worst] : 0.0f) << ", want "
+                    << (worst >= 0 ? ref[worst] : 0.0);
+}
+
+void expect_bitwise_equal(const float* a, const float* b, int64_t n, const std::string& what) {
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(a[i], b[i]) << what << " differs at element " << i;
+  }
+}
+
+// Runs `f`, expects an Error whose message contains every string in `parts`.
+template <typename F>
+void expect_error(F f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "expected an Error mentioning " << parts.front();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    for (const auto& p : parts)
+      EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  }
+}
+
+double gelu_ref(double x) {
+  return 0.5 * x *
+         (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
+}
+
+class CpuBackendTest : public ::testing::Test {
+ protected:
+  std::vector<float> random_values(int64_t n, float lo = -1.0f, float hi = 1.0f) {
+    std::uniform_real_distribution<float> dist(lo, hi);
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = dist(rng_);
+    return v;
+  }
+  HostTensor random(DType dtype, Shape shape, float lo = -1.0f, float hi = 1.0f) {
+    return make_float(dtype, shape, random_values(shape.numel(), lo, hi));
+  }
+  HostTensor random(Shape shape, float lo = -1.0f, float hi = 1.0f) {
+    return random(DType::kF32, shape, lo, hi);
+  }
+
+  std::unique_ptr<Backend> backend_owner_ = make_cpu_backend();
+  Backend& be_ = *backend_owner_;
+  std::mt19937 rng_{20240611};
+};
+
+// ---- Kernels and registry ----
+
+TEST(CpuKernels, F16DecodeMatchesCoreOnEveryInput) {
+  std::vector<uint16_t> all(65536);
+  std::iota(all.begin(), all.end(), uint16_t{0});
+  std::vector<float> bulk(all.size());
+  cpu::to_f32(all.data(), DType::kF16, bulk.data(), static_cast<int64_t>(all.size()));
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float want = f16_to_f32(static_cast<uint16_t>(h));
+    const float got = cpu::f16_bits_to_f32(static_cast<uint16_t>(h));
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(got) && std::isnan(bulk[h])) << h;
+    } else {
+      ASSERT_EQ(got, want) << h;
+      ASSERT_EQ(std::signbit(got), std::signbit(want)) << h;
+      ASSERT_EQ(bulk[h], want) << h;
+    }
+  }
+}
+
+TEST(CpuKernels, DotIsIndependentOfChunking) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<float> a(1037), b(1037);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = dist(rng), b[i] = dist(rng);
+  float lanes[cpu::kLanes] = {};
+  cpu::dot_accumulate(a.data(), b.data(), 512, lanes);
+  cpu::dot_accumulate(a.data() + 512, b.data() + 512, 525, lanes);
+  EXPECT_EQ(cpu::reduce_lanes(lanes), cpu::dot(a.data(), b.data(), 1037));
+  double ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) ref += double(a[i]) * b[i];
+  EXPECT_NEAR(cpu::dot(a.data(), b.data(), 1037), ref, 1e-5);
+}
+
+TEST(CpuBackendRegistry, BackendForCpuIsTheCpuBackend) {
+  Backend& b = backend_for(Device::cpu());
+  EXPECT_STREQ(b.name(), "cpu");
+  EXPECT_EQ(b.device(), Device::cpu());
+  EXPECT_EQ(&b, &backend_for(Device::cpu()));
+}
+
+// ---- linear ----
+
+std::vector<double> linear_ref(const Tensor& x, const Tensor& w) {
+  const int64_t m = x.dim(0), k = x.dim(1), n = w.dim(0);
+  const auto xd = to_double(x), wd = to_double(w);
+  std::vector<double> y(static_cast<size_t>(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t c = 0; c < k; ++c) s += xd[i * k + c] * wd[j * k + c];
+      y[i * n + j] = s;
+    }
+  return y;
+}
+
+TEST_F(CpuBackendTest, LinearMatchesReferenceForEveryWeightDtypeAndShape) {
+  struct Case {
+    int64_t m, k, n;
+  };
+  // M <= 8 takes the GEMV kernel, M > 8 sgemm (bf16/f16 in blocks of up to 256
+  // rows, so N = 300 spans two blocks); K = 1030 spans several GEMV chunks.
+  const Case cases[] = {{1, 37, 5},   {1, 64, 300}, {3, 37, 11},    {8, 128, 33}, {1, 1030, 9},
+                        {8, 1030, 9}, {9, 37, 17},  {20, 100, 300}, {33, 513, 70}};
+  for (DType wt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (const Case& c : cases) {
+      HostTensor x = random({c.m, c.k});
+      HostTensor w = random(wt, {c.n, c.k});
+      HostTensor y(DType::kF32, {c.m, c.n});
+      be_.linear(x, w, y);
+      expect_close(y, linear_ref(x, w),
+                   fmt::format("linear {} M={} K={} N={}", dtype_name(wt), c.m, c.k, c.n));
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, LinearRowsDoNotDependOnHowManyRowsShareTheCall) {
+  // Decode (M = 1) and speculative verification (M = k + 1 <= 8) must agree bit
+  // for bit, or greedy output would change with speculation.
+  for (DType wt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    HostTensor x = random({8, 300});
+    HostTensor w = random(wt, {45, 300});
+    HostTensor y(DType::kF32, {8, 45});
+    be_.linear(x, w, y);
+    for (int64_t m = 0; m < 8; ++m) {
+      HostTensor y1(DType::kF32, {1, 45});
+      be_.linear(x.view().slice_rows(m, m + 1), w, y1);
+      expect_bitwise_equal(y1.data<float>(), y.data<float>() + m * 45, 45,
+                           fmt::format("linear {} row {}", dtype_name(wt), m));
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, LinearHandlesEmptyDimensions) {
+  HostTensor x0(DType::kF32, {0, 4}), w(DType::kBF16, {3, 4}), y0(DType::kF32, {0, 3});
+  be_.linear(x0, w, y0);
+  HostTensor x(DType::kF32, {2, 0}), wk(DType::kF32, {3, 0});
+  HostTensor y = make_float(DType::kF32, {2, 3}, std::vector<float>(6, 7.0f));
+  be_.linear(x, wk, y);
+  for (float v : y.f32()) EXPECT_EQ(v, 0.0f);
+}
+
+TEST_F(CpuBackendTest, LinearRejectsBadArgumentsNamingOpAndShapes) {
+  HostTensor x = random({2, 37}), w = random({5, 36}), y(DType::kF32, {2, 5});
+  expect_error([&] { be_.linear(x, w, y); }, {"linear", "f32[2, 37]", "f32[5, 36]"});
+  HostTensor w2 = random({5, 37}), y_bad(DType::kF32, {2, 4});
+  expect_error([&] { be_.linear(x, w2, y_bad); },
+               {"linear", "f32[2, 4]", "f32[2, 37]", "f32[5, 37]"});
+  HostTensor x_bf16(DType::kBF16, {2, 37});
+  expect_error([&] { be_.linear(x_bf16, w2, y); }, {"linear", "x", "bf16[2, 37]"});
+  HostTensor w_i32(DType::kI32, {5, 37});
+  expect_error([&] { be_.linear(x, w_i32, y); }, {"linear", "w", "i32[5, 37]"});
+  // y aliasing x.
+  HostTensor sq = random({4, 4}), wsq = random({4, 4});
+  expect_error([&] { be_.linear(sq, wsq, sq); }, {"linear", "overlaps"});
+  // A tensor claiming to live on a GPU.
+  Tensor on_gpu(x.view().data(), DType::kF32, {2, 37}, Device::cuda(0));
+  expect_error([&] { be_.linear(on_gpu, w2, y); }, {"linear", "cuda:0"});
+}
+
+TEST_F(CpuBackendTest, LinearIsSafeFromSeveralThreads) {
+  // Two threads share the backend's scratch pool (bf16, M > 8 converts blocks).
+  HostTensor x = random({12, 64});
+  HostTensor w = random(DType::kBF16, {270, 64});
+  const auto ref = linear_ref(x, w);
+  std::vector<HostTensor> ys;
+  for (int t = 0; t < 2; ++t) ys.emplace_back(DType::kF32, Shape{12, 270});
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      for (int rep = 0; rep < 10; ++rep) be_.linear(x, w, ys[t]);
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 2; ++t) expect_close(ys[t], ref, fmt::format("thread {}", t));
+}
+
+// ---- embedding ----
+
+TEST_F(CpuBackendTest, EmbeddingGathersRowsAndScales) {
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    HostTensor table = random(dt, {11, 7});
+    HostTensor ids = make_i32({4}, {3, 0, 10, 3});
+    HostTensor out(DType::kF32, {4, 7});
+    be_.embedding(table, ids, 2.5f, out);
+    const auto t = to_double(table);
+    std::vector<double> ref;
+    for (int32_t id : {3, 0, 10, 3})
+      for (int c = 0; c < 7; ++c) ref.push_back(t[id * 7 + c] * 2.5);
+    expect_close(out, ref, fmt::format("embedding {}", dtype_name(dt)));
+  }
+}
+
+TEST_F(CpuBackendTest, EmbeddingRejectsOutOfRangeIdsNamingIdAndVocab) {
+  HostTensor table = random({11, 7});
+  HostTensor out(DType::kF32, {2, 7});
+  HostTensor high = make_i32({2}, {1, 11});
+  expect_error([&] { be_.embedding(table, high, 1.0f, out); }, {"embedding", "11", "[0, 11)"});
+  HostTensor low = make_i32({2}, {-1, 1});
+  expect_error([&] { be_.embedding(table, low, 1.0f, out); }, {"embedding", "-1", "[0, 11)"});
+  for (float v : out.f32()) EXPECT_EQ(v, 0.0f) << "out must be untouched";
+  HostTensor out_bad(DType::kF32, {2, 6});
+  HostTensor ok = make_i32({2}, {1, 2});
+  expect_error([&] { be_.embedding(table, ok, 1.0f, out_bad); },
+               {"embedding", "f32[2, 6]", "[11, 7]"});
+}
+
+// ---- rms_norm ----
+
+std::vector<double> rms_norm_ref(const Tensor& x, const Tensor* w, double eps) {
+  const auto xd = to_double(x);
+  const int64_t d = x.dim(-1), rows = x.numel() / d;
+  std::vector<double> wd = w ? to_double(*w) : std::vector<double>(static_cast<size_t>(d), 1.0);
+  std::vector<double> out(xd.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < d; ++c) ss += xd[r * d + c] * xd[r * d + c];
+    const double inv = 1.0 / std::sqrt(ss / d + eps);
+    for (int64_t c = 0; c < d; ++c) out[r * d + c] = xd[r * d + c] * inv * wd[c];
+  }
+  return out;
+}
+
+TEST_F(CpuBackendTest, RmsNormMatchesReferenceWithAndWithoutWeight) {
+  for (Shape shape : {Shape{3, 37}, Shape{2, 3, 64}, Shape{1, 1}}) {
+    const int64_t d = shape.dim(-1);
+    for (DType wt : {DType::kF32, DType::kBF16, DType::kF16}) {
+      HostTensor x = random(shape, -3.0f, 3.0f);
+      HostTensor w = random(wt, {d}, 0.5f, 1.5f);
+      HostTensor out(DType::kF32, shape);
+      be_.rms_norm(x, w, 1e-6f, out);
+      expect_close(out, rms_norm_ref(x, &w.view(), 1e-6),
+                   fmt::format("rms_norm {} {}", shape.str(), dtype_name(wt)));
+      // In place gives the same bits.
+      be_.rms_norm(x, w, 1e-6f, x);
+      expect_bitwise_equal(x.data<float>(), out.data<float>(), x.numel(), "rms_norm in place");
+    }
+    HostTensor x = random(shape);
+    HostTensor out(DType::kF32, shape);
+    be_.rms_norm(x, Tensor(), 1e-6f, out);
+    expect_close(out, rms_norm_ref(x, nullptr, 1e-6), "rms_norm without weight");
+  }
+}
+
+TEST_F(CpuBackendTest, RmsNormUsesWeightNotOnePlusWeight) {
+  // x = [1, 1]: mean(x²) = 1 so the output is the weight itself (eps = 0).
+  HostTensor x = make_float(DType::kF32, {1, 2}, {1.0f, 1.0f});
+  HostTensor w = make_float(DType::kF32, {2}, {0.5f, 2.0f});
+  HostTensor out(DType::kF32, {1, 2});
+  be_.rms_norm(x, w, 0.0f, out);
+  EXPECT_EQ(out.f32()[0], 0.5f);
+  EXPECT_EQ(out.f32()[1], 2.0f);
+}
+
+TEST_F(CpuBackendTest, RmsNormRejectsMismatchedWeight) {
+  HostTensor x = random({3, 8}), w = random({7}), out(DType::kF32, {3, 8});
+  expect_error([&] { be_.rms_norm(x, w, 1e-6f, out); }, {"rms_norm", "f32[7]", "f32[3, 8]"});
+  HostTensor out_bad(DType::kF32, {3, 7});
+  expect_error([&] { be_.rms_norm(x, Tensor(), 1e-6f, out_bad); },
+               {"rms_norm", "f32[3, 8]", "f32[3, 7]"});
+}
+
+// ---- rope ----
+
+std::vector<double> rope_ref(const Tensor& x, const std::vector<int32_t>& pos,
+                             const std::vector<float>& freq) {
+  const auto xd = to_double(x);
+  const int64_t m = x.dim(0), heads = x.dim(1), d = x.dim(2), half = d / 2;
+  std::vector<double> out(xd.size());
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t j = 0; j < half; ++j) {
+        // The angle is formed in f32 (as HF does); cos/sin of it in double.
+        const double angle = static_cast<float>(pos[r]) * freq[j];
+        const size_t base = static_cast<size_t>((r * heads + h) * d);
+        const double x1 = xd[base + j], x2 = xd[base + j + half];
+        out[base + j] = x1 * std::cos(angle) - x2 * std::sin(angle);
+        out[base + j + half] = x2 * std::cos(angle) + x1 * std::sin(angle);
+      }
+  return out;
+}
+
+TEST_F(CpuBackendTest, RopeRotatesHalvesAndLeavesZeroFrequencyPairsAlone) {
+  // Proportional-RoPE style table: the upper frequencies are zero (identity pairs).
+  const std::vector<float> freq = {1.0f, 0.1f, 0.0f, 0.0f};
+  const std::vector<int32_t> pos = {5, 0, 1234};
+  HostTensor x = random({3, 2, 8});
+  HostTensor before =
+      make_float(DType::kF32, {3, 2, 8}, std::vector<float>(x.f32().begin(), x.f32().end()));
+  const auto ref = rope_ref(x, pos, freq);
+  HostTensor positions = make_i32({3}, pos);
+  HostTensor inv_freq = make_float(DType::kF32, {4}, freq);
+  be_.rope(x, positions, inv_freq);
+  expect_close(x, ref, "rope");
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t h = 0; h < 2; ++h)
+      for (int64_t j : {2, 3, 6, 7}) {
+        const int64_t i = (r * 2 + h) * 8 + j;
+        EXPECT_EQ(x.f32()[i], before.f32()[i]) << "identity pair moved at " << i;
+      }
+}
+
+TEST_F(CpuBackendTest, RopeMatchesReferenceWithDefaultFrequencies) {
+  const int64_t d = 64;
+  std::vector<float> freq(d / 2);
+  for (int64_t j = 0; j < d / 2; ++j) freq[j] = static_cast<float>(std::pow(10000.0, -2.0 * j / d));
+  const std::vector<int32_t> pos = {100, 101, 102, 4097, 7};
+  HostTensor x = random({5, 3, d});
+  const auto ref = rope_ref(x, pos, freq);
+  be_.rope(x, make_i32({5}, pos), make_float(DType::kF32, {d / 2}, freq));
+  expect_close(x, ref, "rope default");
+}
+
+TEST_F(CpuBackendTest, RopeRejectsBadShapes) {
+  HostTensor x = random({2, 1, 6});
+  HostTensor pos = make_i32({2}, {0, 1});
+  HostTensor freq = random({2});
+  expect_error([&] { be_.rope(x, pos, freq); }, {"rope", "f32[2]", "f32[2, 1, 6]"});
+  HostTensor odd = random({2, 1, 5});
+  expect_error([&] { be_.rope(odd, pos, freq); }, {"rope", "even", "f32[2, 1, 5]"});
+  HostTensor pos3 = make_i32({3}, {0, 1, 2});
+  HostTensor freq3 = random({3});
+  expect_error([&] { be_.rope(x, pos3, freq3); }, {"rope", "i32[3]", "f32[2, 1, 6]"});
+}
+
+// ---- attention ----
+
+// Applies the visibility rule of AttentionParams literally, key by key.
+std::vector<double> attention_ref(const AttentionParams& p) {
+  const auto q = to_double(p.q), k = to_double(p.k), v = to_double(p.v);
+  const int64_t s = p.q.dim(0), nh = p.q.dim(1), d = p.q.dim(2), t = p.k.dim(0), nkv = p.k.dim(1);
+  const auto pos = p.q_positions.i32();
+  std::vector<double> out(static_cast<size_t>(s * nh * d), 0.0);
+  for (int64_t i = 0; i < s; ++i)
+    for (int64_t h = 0; h < nh; ++h) {
+      const int64_t kvh = h / (nh / nkv);
+      const int64_t qp = pos[i];
+      std::vector<double> sc;
+      std::vector<int64_t> keys;
+      for (int64_t j = 0; j < t; ++j) {
+        const int64_t kp = p.k_pos0 + j;
+        if (!((!p.causal || kp <= qp) && (p.window == 0 || kp > qp - p.window))) continue;
+        double dotv = 0;
+        for (int64_t c = 0; c < d; ++c)
+          dotv += q[(i * nh + h) * d + c] * k[(j * nkv + kvh) * d + c];
+        sc.push_back(p.scale * dotv);
+        keys.push_back(j);
+      }
+      if (keys.empty()) continue;
+      const double mx = *std::max_element(sc.begin(), sc.end());
+      double z = 0;
+      for (double& e : sc) z += (e = std::exp(e - mx));
+      for (size_t a = 0; a < keys.size(); ++a)
+        for (int64_t c = 0; c < d; ++c)
+          out[(i * nh + h) * d + c] += sc[a] / z * v[(keys[a] * nkv + kvh) * d + c];
+    }
+  return out;
+}
+
+TEST_F(CpuBackendTest, AttentionMatchesReferenceOverMasksWindowsAndGroups) {
+  const int64_t s = 5, t = 12, nkv = 2, d = 16, k_pos0 = 3;
+  for (bool causal : {true, false}) {
+    for (int window : {0, 1, 4}) {
+      for (int64_t group : {1, 2, 4}) {
+        const int64_t nh = nkv * group;
+        HostTensor q = random({s, nh, d}, -2.0f, 2.0f);
+        HostTensor k = random({t, nkv, d}, -2.0f, 2.0f);
+        HostTensor v = random({t, nkv, d});
+        HostTensor out(DType::kF32, {s, nh, d});
+        // Verification-style positions: the last S of the T cached keys
+        // (absolute 10..14), plus one query earlier in the sequence.
+        HostTensor pos = make_i32({s}, {10, 11, 12, 14, 6});
+        AttentionParams p{.q = q,
+                          .k = k,
+                          .v = v,
+                          .out = out,
+                          .q_positions = pos,
+                          .k_pos0 = k_pos0,
+                          .causal = causal,
+                          .window = window,
+                          .scale = 1.0f};
+        be_.attention(p);
+        expect_close(out, attention_ref(p),
+                     fmt::format("attention causal={} window={} group={}", causal, window, group));
+      }
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, AttentionAppliesScaleAndGivesZerosForQueriesThatSeeNothing) {
+  HostTensor q = random({3, 4, 8}), k = random({6, 2, 8}), v = random({6, 2, 8});
+  HostTensor out = make_float(DType::kF32, {3, 4, 8}, std::vector<float>(96, 9.0f));
+  // Position 2 precedes every key (k_pos0 = 3): causally it sees nothing.
+  HostTensor pos = make_i32({3}, {2, 5, 8});
+  AttentionParams p{.q = q,
+                    .k = k,
+                    .v = v,
+                    .out = out,
+                    .q_positions = pos,
+                    .k_pos0 = 3,
+                    .causal = true,
+                    .window = 0,
+                    .scale = 0.125f};
+  be_.attention(p);
+  for (int64_t c = 0; c < 4 * 8; ++c) EXPECT_EQ(out.f32()[c], 0.0f) << c;
+  expect_close(out, attention_ref(p), "attention scale 0.125");
+  // Scores of several hundred overflow exp in f32 unless the max is subtracted.
+  // Small-integer q, k and a power-of-two scale keep those scores exact, so the
+  // comparison stays well conditioned.
+  for (float* t : {q.data<float>(), k.data<float>()}) {
+    const int64_t count = t == q.data<float>() ? q.numel() : k.numel();
+    for (int64_t i = 0; i < count; ++i) t[i] = std::round(2.0f * t[i]);
+  }
+  p.scale = 16.0f;
+  be_.attention(p);
+  expect_close(out, attention_ref(p), "attention scale 16");
+}
+
+TEST_F(CpuBackendTest, AttentionRowsDoNotDependOnHowManyQueriesShareTheCall) {
+  HostTensor q = random({4, 4, 32}), k = random({9, 2, 32}), v = random({9, 2, 32});
+  HostTensor out(DType::kF32, {4, 4, 32});
+  const std::vector<int32_t> positions = {5, 6, 7, 8};
+  HostTensor pos = make_i32({4}, positions);
+  be_.attention({.q = q, .k = k, .v = v, .out = out, .q_positions = pos, .window = 3});
+  for (int64_t i = 0; i < 4; ++i) {
+    HostTensor one(DType::kF32, {1, 4, 32});
+    HostTensor p1 = make_i32({1}, {positions[i]});
+    be_.attention({.q = q.view().slice_rows(i, i + 1),
+                   .k = k,
+                   .v = v,
+                   .out = one,
+                   .q_positions = p1,
+                   .window = 3});
+    expect_bitwise_equal(one.data<float>(), out.data<float>() + i * 128, 128,
+                         fmt::format("query {}", i));
+  }
+}
+
+TEST_F(CpuBackendTest, AttentionRejectsBadArguments) {
+  HostTensor q = random({2, 3, 8}), k = random({4, 2, 8}), v = random({4, 2, 8});
+  HostTensor out(DType::kF32, {2, 3, 8});
+  HostTensor pos = make_i32({2}, {3, 4});
+  expect_error([&] { be_.attention({.q = q, .k = k, .v = v, .out = out, .q_positions = pos}); },
+               {"attention", "f32[2, 3, 8]", "f32[4, 2, 8]"});
+  HostTensor q4 = random({2, 4, 8}), out4(DType::kF32, {2, 4, 8});
+  HostTensor v_bad = random({4, 2, 7});
+  expect_error(
+      [&] { be_.attention({.q = q4, .k = k, .v = v_bad, .out = out4, .q_positions = pos}); },
+      {"attention", "f32[4, 2, 8]", "f32[4, 2, 7]"});
+  expect_error([&] { be_.attention({.q = q4, .k = k, .v = v, .out = q4, .q_positions = pos}); },
+               {"attention", "overlaps"});
+  expect_error(
+      [&] {
+        be_.attention({.q = q4, .k = k, .v = v, .out = out4, .q_positions = pos, .window = -1});
+      },
+      {"attention", "window"});
+}
+
+// ---- element-wise ----
+
+TEST_F(CpuBackendTest, ElementwiseOpsMatchReference) {
+  const Shape shape{3, 41};
+  HostTensor a = random(shape, -4.0f, 4.0f), b = random(shape, -4.0f, 4.0f);
+  const auto ad = to_double(a), bd = to_double(b);
+  auto ref = [&](auto f2) {
+    std::vector<double> r(ad.size());
+    for (size_t i = 0; i < r.size(); ++i) r[i] = f2(ad[i], bd[i]);
+    return r;
+  };
+  HostTensor out(DType::kF32, shape);
+  be_.gelu(a, out);
+  expect_close(out, ref([](double x, double) { return gelu_ref(x); }), "gelu");
+  be_.gelu_mul(a, b, out);
+  expect_close(out, ref([](double g, double u) { return gelu_ref(g) * u; }), "gelu_mul");
+  be_.add(a, b, out);
+  expect_close(out, ref([](double x, double y) { return x + y; }), "add");
+  be_.mul(a, b, out);
+  expect_close(out, ref([](double x, double y) { return x * y; }), "mul");
+  be_.scale(a, -0.3f, out);
+  expect_close(out, ref([](double x, double) { return x * double(-0.3f); }), "scale");
+  be_.softcap(a, 3.0f, out);
+  expect_close(out, ref([](double x, double) { return 3.0 * std::tanh(x / 3.0); }), "softcap");
+}
+
+TEST_F(CpuBackendTest, ElementwiseOpsMayWorkInPlace) {
+  const Shape shape{2, 33};
+  HostTensor a = random(shape), b = random(shape);
+  HostTensor expect(DType::kF32, shape);
+  be_.gelu_mul(a, b, expect);
+  be_.gelu_mul(a, b, b);  // out aliases up
+  expect_bitwise_equal(b.data<float>(), expect.data<float>(), b.numel(), "gelu_mul into up");
+  HostTensor a2 = random(shape);
+  HostTensor sum(DType::kF32, shape);
+  be_.add(a2, a2, sum);
+  be_.add(a2, a2, a2);
+  expect_bitwise_equal(a2.data<float>(), sum.data<float>(), a2.numel(), "add into a");
+  HostTensor c = random(shape);
+  HostTensor capped(DType::kF32, shape);
+  be_.softcap(c, 30.0f, capped);
+  be_.softcap(c, 30.0f, c);
+  expect_bitwise_equal(c.data<float>(), capped.data<float>(), c.numel(), "softcap in place");
+}
+
+TEST_F(CpuBackendTest, ElementwiseOpsRejectMismatchesAndPartialOverlap) {
+  HostTensor a = random({2, 3}), b = random({3, 2}), out(DType::kF32, {2, 3});
+  expect_error([&] { be_.add(a, b, out); }, {"add", "f32[2, 3]", "f32[3, 2]"});
+  expect_error([&] { be_.mul(a, a, b); }, {"mul", "f32[2, 3]", "f32[3, 2]"});
+  expect_error([&] { be_.gelu(a, b); }, {"gelu", "f32[2, 3]", "f32[3, 2]"});
+  HostTensor buf = random({10});
+  Tensor lo(buf.view().data(), DType::kF32, {9});
+  Tensor hi(buf.data<float>() + 1, DType::kF32, {9});
+  expect_error([&] { be_.scale(lo, 2.0f, hi); }, {"scale", "partially overlaps"});
+  expect_error([&] { be_.softcap(a, 0.0f, out); }, {"softcap", "cap"});
+}
+
+// ---- softmax_rows and argmax_rows ----
+
+TEST_F(CpuBackendTest, SoftmaxRowsMatchesReferenceAndZeroesFullyMaskedRows) {
+  HostTensor x = random({4, 37}, -30.0f, 30.0f);
+  x.data<float>()[5] = -kInf;                                            // a masked entry in row 0
+  for (int64_t j = 0; j < 37; ++j) x.data<float>()[2 * 37 + j] = -kInf;  // row 2 all masked
+  // Row 3 lies far beyond exp's f32 range: only max subtraction keeps it finite.
+  for (int64_t j = 0; j < 37; ++j) x.data<float>()[3 * 37 + j] += 600.0f;
+  const auto xd = to_double(x);
+  std::vector<double> ref(xd.size(), 0.0);
+  for (int64_t r = 0; r < 4; ++r) {
+    if (r == 2) continue;
+    double mx = -1e300, z = 0;
+    for (int64_t j = 0; j < 37; ++j) mx = std::max(mx, xd[r * 37 + j]);
+    for (int64_t j = 0; j < 37; ++j) z += std::exp(xd[r * 37 + j] - mx);
+    for (int64_t j = 0; j < 37; ++j) ref[r * 37 + j] = std::exp(xd[r * 37 + j] - mx) / z;
+  }
+  HostTensor out(DType::kF32, {4, 37});
+  be_.softmax_rows(x, out);
+  expect_close(out, ref, "softmax_rows");
+  be_.softmax_rows(x, x);
+  expect_bitwise_equal(x.data<float>(), out.data<float>(), x.numel(), "softmax_rows in place");
+}
+
+TEST_F(CpuBackendTest, ArgmaxRowsPicksTheLowestIndexOnTies) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  HostTensor x = make_float(DType::kF32, {5, 4}, {1,  3,  3, 2,   5, 5, 5,  5,  -kInf, -1,
+                                                  -1, -2, 1, nan, 5, 9, -3, -2, -1,    0});
+  HostTensor out(DType::kI32, {5});
+  be_.argmax_rows(x, out);
+  EXPECT_EQ(out.data<int32_t>()[0], 1);
+  EXPECT_EQ(out.data<int32_t>()[1], 0);
+  EXPECT_EQ(out.data<int32_t>()[2], 1);
+  EXPECT_EQ(out.data<int32_t>()[3], 1);  // NaN counts as the maximum (torch.argmax)
+  EXPECT_EQ(out.data<int32_t>()[4], 3);
+  // Random wide rows against a plain scan.
+  HostTensor big = random({3, 5000});
+  HostTensor idx(DType::kI32, {3});
+  be_.argmax_rows(big, idx);
+  for (int64_t r = 0; r < 3; ++r) {
+    const float* row = big.data<float>() + r * 5000;
+    EXPECT_EQ(idx.data<int32_t>()[r], std::max_element(row, row + 5000) - row);
+  }
+  HostTensor out_bad(DType::kI32, {4});
+  expect_error([&] { be_.argmax_rows(x, out_bad); }, {"argmax_rows", "i32[4]", "f32[5, 4]"});
+}
+
+// ---- MoE ----
+
+TEST_F(CpuBackendTest, MoeRouteTakesTopKRenormalisesAndScales) {
+  const int64_t n = 3, e = 6, k = 2;
+  std::vector<float> logits = random_values(n * e, -2.0f, 2.0f);
+  // Row 1: experts 1 and 4 tie for the top; 1 must come first.
+  for (int64_t j = 0; j < e; ++j) logits[e + j] = 0.1f * static_cast<float>(j % 3);
+  logits[e + 1] = 1.0f;
+  logits[e + 4] = 1.0f;
+  HostTensor lt = make_float(DType::kF32, {n, e}, logits);
+  HostTensor scale = random(DType::kBF16, {e}, 0.5f, 1.5f);
+  HostTensor ids(DType::kI32, {n, k});
+  HostTensor weights(DType::kF32, {n, k});
+  be_.moe_route(
+      {.logits = lt, .per_expert_scale = scale, .expert_ids = ids, .expert_weights = weights});
+
+  const auto sd = to_double(scale);
+  std::vector<double> ref_w;
+  for (int64_t r = 0; r < n; ++r) {
+    std::vector<double> pr(static_cast<size_t>(e));
+    double mx = -1e300, z = 0;
+    for (int64_t j = 0; j < e; ++j) mx = std::max(mx, double(logits[r * e + j]));
+    for (int64_t j = 0; j < e; ++j) z += (pr[j] = std::exp(logits[r * e + j] - mx));
+    std::vector<int64_t> order(static_cast<size_t>(e));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return pr[a] > pr[b]; });
+    const double top = pr[order[0]] + pr[order[1]];
+    for (int64_t t = 0; t < k; ++t) {
+      EXPECT_EQ(ids.data<int32_t>()[r * k + t], order[t]) << "row " << r << " slot " << t;
+      ref_w.push_back(pr[order[t]] / top * sd[order[t]]);
+    }
+  }
+  EXPECT_EQ(ids.data<int32_t>()[2], 1);
+  EXPECT_EQ(ids.data<int32_t>()[3], 4);
+  expect_close(weights, ref_w, "moe_route weights");
+
+  HostTensor ids7(DType::kI32, {n, 7}), w7(DType::kF32, {n, 7});
+  expect_error(
+      [&] {
+        be_.moe_route(
+            {.logits = lt, .per_expert_scale = scale, .expert_ids = ids7, .expert_weights = w7});
+      },
+      {"moe_route", "i32[3, 7]", "f32[3, 6]"});
+}
+
+std::vector<double> moe_experts_ref(const Tensor& x, const std::vector<int32_t>& ids,
+                                    const Tensor& w, const Tensor& gate_up, const Tensor& down) {
+  const int64_t n = x.dim(0), h = x.dim(1), k = w.dim(1), inter = down.dim(2);
+  const auto xd = to_double(x), wd = to_double(w), gu = to_double(gate_up), dn = to_double(down);
+  std::vector<double> out(static_cast<size_t>(n * h), 0.0);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t s = 0; s < k; ++s) {
+      const int64_t e = ids[r * k + s];
+      std::vector<double> act(static_cast<size_t>(inter));
+      for (int64_t c = 0; c < inter; ++c) {
+        double g = 0, u = 0;
+        for (int64_t j = 0; j < h; ++j) {
+          g += gu[(e * 2 * inter + c) * h + j] * xd[r * h + j];
+          u += gu[(e * 2 * inter + inter + c) * h + j] * xd[r * h + j];
+        }
+        act[c] = gelu_ref(g) * u;
+      }
+      for (int64_t j = 0; j < h; ++j) {
+        double y = 0;
+        for (int64_t c = 0; c < inter; ++c) y += dn[(e * h + j) * inter + c] * act[c];
+        out[r * h + j] += wd[r * k + s] * y;
+      }
+    }
+  return out;
+}
+
+TEST_F(CpuBackendTest, MoeExpertsMatchesReference) {
+  const int64_t h = 12, inter = 7, e = 4, k = 2;
+  for (DType wt : {DType::kF32, DType::kBF16, DType::kF16}) {
+    // n = 5 keeps every expert on the GEMV path; n = 12 with 4 experts puts
+    // more than 8 rows on some experts (sgemm path).
+    for (int64_t n : {5, 12}) {
+      std::vector<int32_t> id_values;
+      for (int64_t r = 0; r < n; ++r) {
+        const auto a = static_cast<int32_t>(r % e), b = static_cast<int32_t>((r * 3 + 1) % e);
+        id_values.push_back(a);
+        id_values.push_back(b == a ? (a + 1) % e : b);
+      }
+      HostTensor x = random({n, h});
+      HostTensor ids = make_i32({n, k}, id_values);
+      HostTensor w = random({n, k}, 0.0f, 1.0f);
+      HostTensor gate_up = random(wt, {e, 2 * inter, h});
+      HostTensor down = random(wt, {e, h, inter});
+      HostTensor out(DType::kF32, {n, h});
+      be_.moe_experts({.x = x,
+                       .expert_ids = ids,
+                       .expert_weights = w,
+                       .gate_up = gate_up,
+                       .down = down,
+                       .out = out});
+      expect_close(out, moe_experts_ref(x, id_values, w, gate_up, down),
+                   fmt::format("moe_experts {} n={}", dtype_name(wt), n));
+    }
+  }
+}
+
+TEST_F(CpuBackendTest, MoeExpertsTokenResultsDoNotDependOnBatch) {
+  const int64_t n = 4, h = 16, inter = 6, e = 3, k = 2;
+  const std::vector<int32_t> id_values = {2, 0, 1, 2, 0, 1, 2, 1};
+  HostTensor x = random({n, h}), ids = make_i32({n, k}, id_values), w = random({n, k});
+  HostTensor gate_up = random(DType::kBF16, {e, 2 * inter, h}),
+             down = random(DType::kBF16, {e, h, inter});
+  HostTensor out(DType::kF32, {n, h});
+  be_.moe_experts({.x = x,
+                   .expert_ids = ids,
+                   .expert_weights = w,
+                   .gate_up = gate_up,
+                   .down = down,
+                   .out = out});
+  for (int64_t r = 0; r < n; ++r) {
+    HostTensor one(DType::kF32, {1, h});
+    be_.moe_experts({.x = x.view().slice_rows(r, r + 1),
+                     .expert_ids = ids.view().slice_rows(r, r + 1),
+                     .expert_weights = w.view().slice_rows(r, r + 1),
+                     .gate_up = gate_up,
+                     .down = down,
+                     .out = one});
+    expect_bitwise_equal(one.data<float>(), out.data<float>() + r * h, h,
+                         fmt::format("token {}", r));
+  }
+}
+
+TEST_F(CpuBackendTest, MoeExpertsRejectsBadExpertIdsAndShapes) {
+  HostTensor x = random({2, 4}), w = random({2, 2}), out(DType::kF32, {2, 4});
+  HostTensor gate_up = random({3, 6, 4}), down = random({3, 4, 3});
+  HostTensor bad_ids = make_i32({2, 2}, {0, 1, 2, 3});
+  expect_error(
+      [&] {
+        be_.moe_experts({.x = x,
+                         .expert_ids = bad_ids,
+                         .expert_weights = w,
+                         .gate_up = gate_up,
+                         .down = down,
+                         .out = out});
+      },
+      {"moe_experts", "expert id 3", "[0, 3)"});
+  HostTensor ids = make_i32({2, 2}, {0, 1, 2, 0});
+  HostTensor down_bad = random({3, 4, 2});
+  expect_error(
+      [&] {
+        be_.moe_experts({.x = x,
+                         .expert_ids = ids,
+                         .expert_weights = w,
+                         .gate_up = gate_up,
+                         .down = down_bad,
+                         .out = out});
+      },
+      {"moe_experts", "f32[3, 4, 2]", "f32[3, 6, 4]"});
+  expect_error(
+      [&] {
+        be_.moe_experts({.x = x,
+                         .expert_ids = ids,
+                         .expert_weights = w,
+                         .gate_up = gate_up,
+                         .down = down,
+                         .out = x});
+      },
+      {"moe_experts", "overlaps"});
+}
+
+// ---- copy ----
+
+TEST_F(CpuBackendTest, CopyCopiesBytesAndChecksShapes) {
+  HostTensor src = random(DType::kBF16, {3, 5}), dst(DType::kBF16, {3, 5});
+  be_.copy(src, dst);
+  for (int64_t i = 0; i < 15; ++i) EXPECT_EQ(dst.data<uint16_t>()[i], src.data<uint16_t>()[i]);
+  HostTensor wrong(DType::kBF16, {5, 3}), wrong_type(DType::kF32, {3, 5});
+  expect_error([&] { be_.copy(src, wrong); }, {"copy", "bf16[3, 5]", "bf16[5, 3]"});
+  expect_error([&] { be_.copy(src, wrong_type); }, {"copy", "bf16[3, 5]", "f32[3, 5]"});
+}
+
+}  // namespace
+}  // namespace specula

@@ -1,0 +1,43 @@
+// SPDX-License-Identifier: Apache-2.0
+// Helpers shared by the golden-parity tests: fixture paths and error measures.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "engine/core/tensor.h"
+
+namespace specula::testing {
+
+inline std::string golden_dir(const std::string& name) {
+  return std::string(SPECULA_SOURCE_DIR) + "/tests/golden/" + name;
+}
+
+inline bool golden_exists(const std::string& name) {
+  return std::filesystem::exists(golden_dir(name) + "/expected.safetensors");
+}
+
+// max |a - b| / max |b|: the relative error the parity tests bound.
+inline double relative_error(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.numel(), b.numel()) << a.describe() << " vs " << b.describe();
+  const float* x = a.data_as<const float>();
+  const float* y = b.data_as<const float>();
+  double max_diff = 0, max_ref = 1e-30;
+  for (int64_t i = 0; i < std::min(a.numel(), b.numel()); ++i) {
+    max_diff = std::max(max_diff, static_cast<double>(std::fabs(x[i] - y[i])));
+    max_ref = std::max(max_ref, static_cast<double>(std::fabs(y[i])));
+  }
+  return max_diff / max_ref;
+}
+
+inline std::vector<int32_t> to_ids(const Tensor& t) {
+  auto s = t.i32();
+  return {s.begin(), s.end()};
+}
+
+}  // namespace specula::testing

@@ -1,0 +1,232 @@
+// SPDX-License-Identifier: Apache-2.0
+// The invariant: speculation never changes greedy output, at every draft length
+// and batch size; and at temperature > 0 it samples the target's distribution.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+
+#include "engine/draft/assistant/assistant_drafter.h"
+#include "engine/sampling/sampler.h"
+#include "engine/spec/decoder.h"
+#include "tests/unit/model/golden_util.h"
+
+namespace specula {
+namespace {
+
+using spec::DecodeRequest;
+using spec::DraftSchedule;
+using testing::golden_dir;
+
+// Prompts of several lengths, some longer than the fixtures' sliding window (4).
+std::vector<std::vector<int32_t>> prompts(int n, int vocab) {
+  std::vector<std::vector<int32_t>> out;
+  for (int i = 0; i < n; ++i) {
+    std::vector<int32_t> p;
+    const int len = 2 + (i * 7) % 19;
+    for (int j = 0; j < len; ++j) p.push_back(3 + (i * 31 + j * 17) % (vocab - 3));
+    out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<DecodeRequest> greedy_requests(int n, int vocab, int max_tokens) {
+  std::vector<DecodeRequest> reqs;
+  for (auto& p : prompts(n, vocab)) {
+    DecodeRequest r;
+    r.prompt = p;
+    r.params.temperature = 0;
+    r.params.max_tokens = max_tokens;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+struct Pair {
+  const char* target;
+  const char* drafter;
+};
+
+class SpeculationInvariance : public ::testing::TestWithParam<Pair> {};
+
+TEST_P(SpeculationInvariance, GreedyOutputIdenticalWithAndWithoutDrafter) {
+  const Pair c = GetParam();
+  if (!testing::golden_exists(c.target) || !testing::golden_exists(c.drafter)) GTEST_SKIP() << "fixtures missing";
+  auto target = gemma4::Gemma4Model::load(golden_dir(c.target));
+  auto drafter = assistant::AssistantDrafter::load(golden_dir(c.drafter), target->config(), target->backend());
+  assistant::AssistantDraftSource source(*target, *drafter);
+  const int vocab = target->config().vocab_size;
+  for (int batch : {1, 3, 8}) {
+    auto reqs = greedy_requests(batch, vocab, 24);
+    const auto plain = spec::decode(*target, nullptr, reqs, {});
+    for (int k = 1; k <= 8; ++k) {
+      const auto specd = spec::decode(*target, &source, reqs, {.draft_tokens = k});
+      for (int b = 0; b < batch; ++b) {
+        ASSERT_EQ(specd[static_cast<size_t>(b)].tokens, plain[static_cast<size_t>(b)].tokens)
+            << "batch " << batch << " k " << k << " row " << b;
+        EXPECT_EQ(specd[static_cast<size_t>(b)].stats.drafted > 0, true);
+      }
+    }
+    const auto adaptive = spec::decode(*target, &source, reqs, {.draft_tokens = 2, .adaptive = true, .max_draft_tokens = 8});
+    for (int b = 0; b < batch; ++b) EXPECT_EQ(adaptive[static_cast<size_t>(b)].tokens, plain[static_cast<size_t>(b)].tokens);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculationInvariance,
+                         ::testing::Values(Pair{"e2b_like", "e2b_like_assistant"},
+                                           Pair{"e2b_like", "e2b_like_assistant_dense"},
+                                           Pair{"dense_kev", "dense_kev_assistant"}),
+                         [](const auto& info) { return std::string(info.param.drafter); });
+
+// A drafter that knows the target's greedy continuation and is right except
+// at scripted positions: exercises full acceptance, bonus tokens and partial
+// rollbacks, which random drafters rarely reach.
+class OracleDrafter : public Drafter {
+ public:
+  OracleDrafter(std::map<int, std::vector<int32_t>> truth, int64_t vocab) : truth_(std::move(truth)), vocab_(vocab) {}
+  int64_t vocab_size() const override { return vocab_; }
+  Tensor step(int step_index, std::span<const DraftRow> rows) override {
+    logits_ = HostTensor(DType::kF32, {static_cast<int64_t>(rows.size()), vocab_});
+    for (size_t b = 0; b < rows.size(); ++b) {
+      const DraftRow& r = rows[b];
+      // Position of the token being proposed, counted in generated tokens.
+      const auto& t = truth_[r.request];
+      const size_t gen_index = static_cast<size_t>(r.position) - prompt_len_[r.request] + 1 + static_cast<size_t>(step_index);
+      int32_t tok = gen_index < t.size() ? t[gen_index] : 0;
+      if ((r.position + step_index) % 5 == 3) tok = (tok + 1) % static_cast<int32_t>(vocab_);  // scripted miss
+      logits_.data<float>()[static_cast<int64_t>(b) * vocab_ + tok] = 10.0f;
+      ++calls_;
+    }
+    return logits_;
+  }
+  std::map<int, size_t> prompt_len_;
+  int64_t calls_ = 0;
+
+ private:
+  std::map<int, std::vector<int32_t>> truth_;
+  int64_t vocab_;
+  HostTensor logits_;
+};
+
+TEST(SpeculationOracle, MostlyRightDrafterIsLosslessAndAccepts) {
+  if (!testing::golden_exists("moe")) GTEST_SKIP();
+  auto target = gemma4::Gemma4Model::load(golden_dir("moe"));
+  const int vocab = target->config().vocab_size;
+  auto reqs = greedy_requests(3, vocab, 30);
+  const auto plain = spec::decode(*target, nullptr, reqs, {});
+  std::map<int, std::vector<int32_t>> truth;
+  for (int i = 0; i < 3; ++i) truth[i] = plain[static_cast<size_t>(i)].tokens;
+  for (int k : {1, 3, 6}) {
+    OracleDrafter oracle(truth, vocab);
+    for (int i = 0; i < 3; ++i) oracle.prompt_len_[i] = reqs[static_cast<size_t>(i)].prompt.size();
+    const auto specd = spec::decode(*target, &oracle, reqs, {.draft_tokens = k});
+    for (int i = 0; i < 3; ++i) {
+      const auto& r = specd[static_cast<size_t>(i)];
+      ASSERT_EQ(r.tokens, plain[static_cast<size_t>(i)].tokens) << "k " << k;
+      EXPECT_GT(r.stats.acceptance_rate(), 0.5) << "k " << k;
+      EXPECT_GT(r.stats.mean_accepted_length(), 1.5) << "k " << k;
+      EXPECT_LT(r.stats.target_forwards, plain[static_cast<size_t>(i)].stats.target_forwards) << "k " << k;
+      EXPECT_EQ(r.stats.accepted + r.stats.rounds + 1, r.stats.generated_tokens)
+          << "every round commits accepted + 1 tokens, plus the prefill's token";
+    }
+  }
+}
+
+// Exact marginal of the second generated token under the target:
+// P(t2) = Σ_t1 p(t1 | prompt) p(t2 | prompt, t1), with p processed by `params`.
+std::vector<double> exact_second_token(gemma4::Gemma4Model& target, const std::vector<int32_t>& prompt,
+                                       const SamplingParams& params) {
+  const int64_t V = target.config().vocab_size;
+  SamplingWorkspace ws(V);
+  SequenceKv kv = target.new_sequence();
+  gemma4::ForwardRow row{.kv = &kv, .tokens = prompt};
+  const auto& out = target.forward(std::span(&row, 1));
+  std::vector<float> p1(out.logits.f32().begin(), out.logits.f32().end());
+  std::vector<float> probs1(static_cast<size_t>(V));
+  auto pp = process_logits(p1, {.tokens = prompt, .num_prompt = prompt.size()}, params, ws);
+  std::copy(pp.begin(), pp.end(), probs1.begin());
+  std::vector<double> marginal(static_cast<size_t>(V), 0.0);
+  for (int32_t t1 = 0; t1 < V; ++t1) {
+    if (probs1[static_cast<size_t>(t1)] == 0) continue;
+    SequenceKv kv2 = target.new_sequence();
+    std::vector<int32_t> ctx = prompt;
+    ctx.push_back(t1);
+    gemma4::ForwardRow r2{.kv = &kv2, .tokens = ctx};
+    const auto& o2 = target.forward(std::span(&r2, 1));
+    auto p2 = process_logits(o2.logits.f32(), {.tokens = ctx, .num_prompt = prompt.size()}, params, ws);
+    for (int64_t v = 0; v < V; ++v) marginal[static_cast<size_t>(v)] += probs1[static_cast<size_t>(t1)] * p2[static_cast<size_t>(v)];
+  }
+  return marginal;
+}
+
+struct SamplingCase {
+  float temperature;
+  float top_p;
+};
+
+class SpeculativeSampling : public ::testing::TestWithParam<SamplingCase> {};
+
+TEST_P(SpeculativeSampling, SecondTokenFollowsTheTargetDistribution) {
+  if (!testing::golden_exists("e2b_like") || !testing::golden_exists("e2b_like_assistant")) GTEST_SKIP();
+  auto target = gemma4::Gemma4Model::load(golden_dir("e2b_like"));
+  auto drafter = assistant::AssistantDrafter::load(golden_dir("e2b_like_assistant"), target->config(), target->backend());
+  assistant::AssistantDraftSource source(*target, *drafter);
+  const std::vector<int32_t> prompt = {5, 17, 33, 2, 90, 41, 7};
+  SamplingParams params;
+  params.temperature = GetParam().temperature;
+  params.top_p = GetParam().top_p;
+  // Three tokens: the first comes from the prefill, the second from a
+  // speculative round of one draft (k = min(2, remaining - 1) = 1).
+  params.max_tokens = 3;
+  const std::vector<double> expected = exact_second_token(*target, prompt, params);
+
+  const int draws = 4000, batch = 100;
+  std::vector<int64_t> counts(expected.size(), 0);
+  int64_t drafted = 0, accepted = 0;
+  for (int start = 0; start < draws; start += batch) {
+    std::vector<DecodeRequest> reqs;
+    for (int i = 0; i < batch; ++i) {
+      DecodeRequest r{.prompt = prompt, .params = params};
+      r.params.seed = static_cast<uint64_t>(1000 + start + i);
+      reqs.push_back(r);
+    }
+    for (const auto& res : spec::decode(*target, &source, reqs, {.draft_tokens = 2})) {
+      ASSERT_EQ(res.tokens.size(), 3u);
+      ++counts[static_cast<size_t>(res.tokens[1])];
+      drafted += res.stats.drafted;
+      accepted += res.stats.accepted;
+    }
+  }
+  // Pearson chi-square over the bins with expected count >= 5 (rest pooled).
+  double chi2 = 0, pooled_e = 0, pooled_o = 0;
+  int dof = -1;
+  for (size_t v = 0; v < expected.size(); ++v) {
+    const double e = expected[v] * draws;
+    if (e >= 5) {
+      chi2 += (counts[v] - e) * (counts[v] - e) / e;
+      ++dof;
+    } else {
+      pooled_e += e;
+      pooled_o += static_cast<double>(counts[v]);
+    }
+  }
+  if (pooled_e >= 5) {
+    chi2 += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
+    ++dof;
+  }
+  // 99.9% quantile of chi-square via Wilson-Hilferty; the seeds are fixed, so this is deterministic.
+  const double z = 3.09;
+  const double k = std::max(dof, 1);
+  const double limit = k * std::pow(1 - 2 / (9 * k) + z * std::sqrt(2 / (9 * k)), 3);
+  std::printf("[ sampling ] T=%.1f top_p=%.2f chi2=%.1f dof=%d limit=%.1f acceptance=%.3f\n", params.temperature,
+              params.top_p, chi2, dof, limit, drafted ? static_cast<double>(accepted) / drafted : 0.0);
+  EXPECT_GT(accepted, 0) << "the test must exercise accepted drafts";
+  EXPECT_LT(accepted, drafted) << "the test must exercise rejections";
+  EXPECT_LT(chi2, limit);
+}
+
+INSTANTIATE_TEST_SUITE_P(Temperatures, SpeculativeSampling,
+                         ::testing::Values(SamplingCase{0.7f, 1.0f}, SamplingCase{1.0f, 1.0f}, SamplingCase{1.0f, 0.9f}));
+
+}  // namespace
+}  // namespace specula
