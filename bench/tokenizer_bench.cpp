@@ -2,11 +2,10 @@
 // Encode/decode throughput of specula::Tokenizer on a text file, single
 // threaded. Optionally checks the ids against a golden int32 file.
 //
-//   bench_tokenizer --tokenizer ~/.cache/specula/tokenizer-gemma3 \
-//       --text tests/golden/tokenizer/gemma_corpus.txt \
+//   bench_tokenizer --tokenizer ~/.cache/specula/tokenizer-gemma3
+//       --text tests/golden/tokenizer/gemma_corpus.txt
 //       --ids tests/golden/tokenizer/gemma_corpus.ids.bin --reps 5
 #include <CLI/CLI.hpp>
-#include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
@@ -89,9 +88,9 @@ int main(int argc, char** argv) {
       std::memcpy(expected.data(), bin.data(), expected.size() * 4);
       check = expected == ids ? "ids match" : "IDS DIFFER";
     }
-    fmt::print("load {:.2f} s; text {:.2f} MB, {} ids ({:.2f} bytes/id), {} lines; {}\n", load_s, mb,
-               ids.size(), static_cast<double>(text.size()) / std::max<size_t>(ids.size(), 1), lines.size(),
-               check);
+    fmt::print("load {:.2f} s; text {:.2f} MB, {} ids ({:.2f} bytes/id), {} lines; {}\n", load_s,
+               mb, ids.size(), static_cast<double>(text.size()) / std::max<size_t>(ids.size(), 1),
+               lines.size(), check);
     fmt::print("encode whole text: {:.3f} s = {:.2f} MB/s\n", whole_s, mb / whole_s);
     fmt::print("encode per line:   {:.3f} s = {:.2f} MB/s\n", lines_s, mb / lines_s);
     fmt::print("decode:            {:.3f} s = {:.2f} MB/s of text\n", decode_s,

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// `specula generate`: greedy generation from token ids.
+// `specula generate`: a prompt (text or token ids) in, a streamed continuation out.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -7,58 +7,72 @@
 #include <memory>
 
 #include "apps/cli/commands.h"
-#include "engine/runtime/generate.h"
+#include "apps/cli/setup.h"
+#include "engine/runtime/text_generation.h"
 
 namespace specula::cli {
 namespace {
 
 struct GenerateArgs {
-  std::string model;
+  ModelArgs model;
+  SamplingArgs sampling;
+  spec::DraftSchedule schedule;
+  std::string prompt;
   std::string prompt_ids;
-  int max_tokens = 32;
-  int64_t ctx_size = 4096;
-  int threads = 0;
   bool json = false;
 };
 
 void run_generate(const GenerateArgs& args) {
-  set_threads(args.threads);
-  const std::vector<int32_t> prompt = parse_id_list(args.prompt_ids, "--prompt-ids");
-  if (!args.json) fmt::print(stderr, "loading {} ...\n", args.model);
-  gemma4::LoadOptions load;
-  load.max_context = args.ctx_size;
-  auto model = gemma4::Gemma4Model::load(args.model, load);
+  if (args.prompt.empty() == args.prompt_ids.empty()) fail("give exactly one of --prompt and --prompt-ids");
+  const bool text_mode = !args.prompt.empty();
+  LoadedModels m = load_models(args.model, /*with_draft=*/true, /*with_tokenizer=*/text_mode, args.json);
+  const SamplingParams params = sampling_params(args.sampling, m);
+  const bool speculative = m.draft_source != nullptr;
+  Drafter* drafter = m.draft_source.get();
 
-  GenerateOptions options;
-  options.max_tokens = args.max_tokens;
-  options.stop_token_ids = {};  // token-id mode: run to max_tokens unless --stop is given later
-  if (!args.json) {
-    options.on_token = [](int32_t token) {
-      fmt::print("{} ", token);
+  if (text_mode) {
+    std::vector<int32_t> prompt = m.tokenizer->encode(args.prompt, /*add_special_tokens=*/true);
+    if (!args.json) {
+      std::fputs(args.prompt.c_str(), stdout);
       std::fflush(stdout);
-      return true;
-    };
+    }
+    TextGenerationResult r = generate_text(*m.target, drafter, *m.tokenizer, prompt, params, args.schedule,
+                                           [&](std::string_view text) {
+                                             if (!args.json) {
+                                               std::fwrite(text.data(), 1, text.size(), stdout);
+                                               std::fflush(stdout);
+                                             }
+                                             return true;
+                                           });
+    if (args.json) {
+      nlohmann::json j = {{"model", m.model_dir},  {"draft", m.draft_dir},        {"prompt", args.prompt},
+                          {"text", r.text},        {"tokens", r.tokens},          {"finish_reason", r.finish_reason},
+                          {"stats", stats_json(r.stats, speculative)}};
+      fmt::print("{}\n", j.dump());
+    } else {
+      fmt::print("\n");
+      fmt::print(stderr, "{} ({})\n", summary_line(r.stats, speculative), r.finish_reason);
+    }
+    return;
   }
-  GenerateResult result = generate_greedy(*model, prompt, options);
-  const GenerateStats& s = result.stats;
+
+  spec::DecodeRequest request{.prompt = parse_id_list(args.prompt_ids, "--prompt-ids"), .params = params};
+  auto on_tokens = [&](int, std::span<const int32_t> fresh) {
+    if (!args.json) {
+      for (int32_t t : fresh) fmt::print("{} ", t);
+      std::fflush(stdout);
+    }
+    return true;
+  };
+  spec::DecodeResult r = spec::decode(*m.target, drafter, std::span(&request, 1), args.schedule, on_tokens).front();
   if (args.json) {
-    nlohmann::json j;
-    j["model"] = args.model;
-    j["prompt_tokens"] = s.prompt_tokens;
-    j["tokens"] = result.tokens;
-    j["finish_reason"] = result.finish_reason;
-    j["stats"] = {{"generated_tokens", s.generated_tokens},
-                  {"target_forwards", s.target_forwards},
-                  {"prefill_seconds", s.prefill_seconds},
-                  {"decode_seconds", s.decode_seconds},
-                  {"prefill_tokens_per_second", s.prefill_tokens_per_second()},
-                  {"decode_tokens_per_second", s.decode_tokens_per_second()}};
+    nlohmann::json j = {{"model", m.model_dir}, {"draft", m.draft_dir}, {"prompt_ids", request.prompt},
+                        {"tokens", r.tokens},   {"finish_reason", r.finish_reason},
+                        {"stats", stats_json(r.stats, speculative)}};
     fmt::print("{}\n", j.dump());
   } else {
     fmt::print("\n");
-    fmt::print(stderr, "prompt {} tokens, prefill {:.1f} tok/s | generated {} tokens, decode {:.1f} tok/s ({})\n",
-               s.prompt_tokens, s.prefill_tokens_per_second(), s.generated_tokens, s.decode_tokens_per_second(),
-               result.finish_reason);
+    fmt::print(stderr, "{} ({})\n", summary_line(r.stats, speculative), r.finish_reason);
   }
 }
 
@@ -66,14 +80,13 @@ void run_generate(const GenerateArgs& args) {
 
 void register_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
-  CLI::App* cmd = app.add_subcommand("generate", "Generate tokens greedily from a prompt of token ids");
-  cmd->add_option("--model", args->model, "Checkpoint directory (config.json + safetensors)")->required();
-  cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, comma-separated (e.g. 2,651,1234)")
-      ->required();
-  cmd->add_option("--max-tokens", args->max_tokens, "Maximum number of new tokens")->capture_default_str();
-  cmd->add_option("--ctx-size", args->ctx_size, "Context size per sequence, in tokens")->capture_default_str();
-  cmd->add_option("--threads", args->threads, "CPU threads (0 = all cores)")->capture_default_str();
-  cmd->add_flag("--json", args->json, "Print one JSON object instead of streaming ids and a summary");
+  CLI::App* cmd = app.add_subcommand("generate", "Continue a prompt, streaming the output (greedy by default)");
+  cmd->add_option("--prompt,-p", args->prompt, "Prompt text (tokenized with the model's tokenizer, BOS added)");
+  cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, comma-separated (instead of --prompt)");
+  add_model_options(cmd, args->model, /*with_draft=*/true);
+  add_sampling_options(cmd, args->sampling, 128);
+  add_draft_options(cmd, args->schedule);
+  cmd->add_flag("--json", args->json, "Print one JSON object (text, ids, statistics) instead of streaming");
   cmd->callback([args] { run_generate(*args); });
 }
 

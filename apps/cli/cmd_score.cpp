@@ -4,10 +4,12 @@
 // named as in tests/golden/README.md so any implementation can be compared.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
 #include "apps/cli/commands.h"
+#include "apps/cli/setup.h"
 #include "engine/io/safetensors.h"
 #include "engine/model/gemma4/gemma4.h"
 
@@ -15,13 +17,12 @@ namespace specula::cli {
 namespace {
 
 struct ScoreArgs {
-  std::string model;
+  ModelArgs model;
   std::string prompt_ids;
   std::string out;
   bool hidden = false;
   bool layer_hidden = false;
   bool donor_kv = false;
-  int threads = 0;
 };
 
 // [T, kv, D] (engine layout) -> [kv, T, D] (Hugging Face layout).
@@ -39,11 +40,11 @@ HostTensor heads_first(const Tensor& t) {
 }
 
 void run_score(const ScoreArgs& args) {
-  set_threads(args.threads);
   const std::vector<int32_t> prompt = parse_id_list(args.prompt_ids, "--prompt-ids");
-  gemma4::LoadOptions load;
-  load.max_context = static_cast<int64_t>(prompt.size());
-  auto model = gemma4::Gemma4Model::load(args.model, load);
+  ModelArgs model_args = args.model;
+  model_args.ctx_size = std::max<int64_t>(model_args.ctx_size, static_cast<int64_t>(prompt.size()));
+  LoadedModels m = load_models(model_args, /*with_draft=*/false, /*with_tokenizer=*/false, /*quiet=*/true);
+  gemma4::Gemma4Model* model = m.target.get();
   SequenceKv kv = model->new_sequence();
   gemma4::ForwardRow row{.kv = &kv, .tokens = prompt, .all_logits = true};
   gemma4::ForwardOptions options;
@@ -69,7 +70,7 @@ void run_score(const ScoreArgs& args) {
   keep.reserve(4);
   add_donor(out.sliding_donor, "sliding_attention");
   add_donor(out.full_donor, "full_attention");
-  io::write_safetensors(args.out, tensors, {{"model", args.model}, {"producer", "specula score"}});
+  io::write_safetensors(args.out, tensors, {{"model", m.model_dir}, {"producer", "specula score"}});
   fmt::print(stderr, "wrote {} tensors for {} positions to {}\n", tensors.size(), prompt.size(), args.out);
 }
 
@@ -79,7 +80,7 @@ void register_score(CLI::App& app) {
   auto args = std::make_shared<ScoreArgs>();
   CLI::App* cmd = app.add_subcommand(
       "score", "Run one forward over a prompt and write every position's logits to a safetensors file");
-  cmd->add_option("--model", args->model, "Checkpoint directory (config.json + safetensors)")->required();
+  add_model_options(cmd, args->model, /*with_draft=*/false);
   cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, comma-separated")->required();
   cmd->add_option("--out", args->out, "Output .safetensors file")->required();
   cmd->add_flag("--hidden", args->hidden, "Also write the post-final-norm hidden states (final_hidden)");
@@ -87,7 +88,6 @@ void register_score(CLI::App& app) {
                 "Also write hidden_states.0..L (input of layer 0, each layer's output, [L] post-norm)");
   cmd->add_flag("--donor-kv", args->donor_kv,
                 "Also write the donor layers' K/V (shared_kv.<layer type>.k/.v, [kv_heads, T, head_dim])");
-  cmd->add_option("--threads", args->threads, "CPU threads (0 = all cores)")->capture_default_str();
   cmd->callback([args] { run_score(*args); });
 }
 

@@ -12,11 +12,10 @@
 namespace specula::cli {
 
 void register_generate(CLI::App& app);
+void register_chat(CLI::App& app);
 void register_score(CLI::App& app);
-
-// Parses "1,2,3" (spaces allowed) into token ids; an Error names the bad item.
-std::vector<int32_t> parse_id_list(const std::string& text, const char* flag);
-// Applies --threads (0 = leave the OpenMP default).
-void set_threads(int threads);
+void register_tokenize(CLI::App& app);
+void register_draft_trace(CLI::App& app);
+void register_bench(CLI::App& app);
 
 }  // namespace specula::cli

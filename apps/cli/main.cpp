@@ -15,7 +15,11 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "specula 0.1.0");
   specula::cli::register_generate(app);
+  specula::cli::register_chat(app);
+  specula::cli::register_tokenize(app);
   specula::cli::register_score(app);
+  specula::cli::register_draft_trace(app);
+  specula::cli::register_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -30,13 +30,17 @@ struct TensorInfo {
 
 // Parses a safetensors header (the JSON text only, without the 8-byte length)
 // against a data region of `data_size` bytes. `origin` names the file in errors.
+// Returns the tensors in data order (by offset); fills `metadata` if non-null.
 // Exposed separately so the fuzz target can reach it without a file.
 std::vector<TensorInfo> parse_safetensors_header(std::string_view header_json, uint64_t data_size,
                                                  const std::string& origin,
                                                  std::map<std::string, std::string>* metadata);
 
 // One memory-mapped .safetensors file. Move-only; tensors returned by get()
-// view the mapping and stay valid while this object lives.
+// view the read-only mapping (writing through them faults) and stay valid while
+// this object lives. The data region starts 8-aligned in files written by HF
+// and write_safetensors, but the format does not pad between tensors, so a
+// view is only guaranteed to be aligned to its offset in the file.
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
@@ -47,7 +51,7 @@ class SafetensorsFile {
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
   const std::string& path() const { return path_; }
-  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in data order
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   bool contains(const std::string& name) const;
   const TensorInfo& info(const std::string& name) const;  // throws naming file+tensor

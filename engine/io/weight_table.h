@@ -34,7 +34,9 @@ class WeightTable {
   void ignore_prefix(std::string prefix) { ignored_prefixes_.push_back(std::move(prefix)); }
 
   // Binds every entry to a view into `checkpoint`; throws one Error listing
-  // every problem. Views stay valid while the Checkpoint lives.
+  // every problem (at most 20 lines, then "and N more"), in which case no field
+  // is written. Absent optional entries are set to an empty Tensor. Views are
+  // read-only and stay valid while the Checkpoint lives.
   void bind(const Checkpoint& checkpoint) const;
 
   const std::vector<Entry>& entries() const { return entries_; }

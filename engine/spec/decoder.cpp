@@ -89,7 +89,7 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
   std::vector<Row> rows;
   rows.reserve(requests.size());
   for (const DecodeRequest& req : requests) {
-    Row r{.request = &req, .kv = target.new_sequence(), .rng = Rng(req.params.seed)};
+    Row r{.request = &req, .kv = target.new_sequence(), .rng = Rng(req.params.seed), .history = {}};
     r.history.reserve(req.prompt.size() + static_cast<size_t>(req.params.max_tokens) + static_cast<size_t>(max_k) + 2);
     r.history.assign(req.prompt.begin(), req.prompt.end());
     r.hidden.resize(static_cast<size_t>(H));

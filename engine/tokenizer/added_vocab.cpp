@@ -15,7 +15,9 @@ uint32_t last_code_point(std::string_view text) {
   return next_code_point(text, begin);
 }
 
-bool is_word_char(uint32_t cp) { return cp == '_' || is_alphanumeric(cp); }
+bool is_word_char(uint32_t cp) {
+  return cp == '_' || is_alphanumeric(cp);
+}
 
 // Byte offset where the run of trailing whitespace of `text` begins.
 size_t trailing_space_start(std::string_view text) {

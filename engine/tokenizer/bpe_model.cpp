@@ -37,7 +37,9 @@ void MergeTable::insert(int32_t left, int32_t right, uint32_t rank, int32_t merg
   slots_[i] = Entry{key, rank, merged};
 }
 
-BpeModel::BpeModel(BpeModel&& other) noexcept { *this = std::move(other); }
+BpeModel::BpeModel(BpeModel&& other) noexcept {
+  *this = std::move(other);
+}
 
 BpeModel& BpeModel::operator=(BpeModel&& other) noexcept {
   if (this == &other) return *this;
@@ -62,12 +64,12 @@ BpeModel BpeModel::from_json(const JsonView& model) {
   BpeModel bpe;
   const std::string type = model.string_or("type", "BPE");
   if (type != "BPE") {
-    model.at("type").fail_here(fmt::format(
-        "unsupported model type '{}' (supported: BPE)", type));
+    model.at("type").fail_here(fmt::format("unsupported model type '{}' (supported: BPE)", type));
   }
   if (auto dropout = model.find("dropout")) {
     const double p = dropout->as_number();
-    if (p != 0.0) dropout->fail_here(fmt::format("BPE dropout {} is not supported (only 0/null)", p));
+    if (p != 0.0)
+      dropout->fail_here(fmt::format("BPE dropout {} is not supported (only 0/null)", p));
   }
   bpe.byte_fallback_ = model.bool_or("byte_fallback", false);
   bpe.fuse_unk_ = model.bool_or("fuse_unk", false);
@@ -82,8 +84,8 @@ BpeModel BpeModel::from_json(const JsonView& model) {
   int64_t max_id = -1;
   for (auto it = vocab.json().begin(); it != vocab.json().end(); ++it) {
     if (!it.value().is_number_integer()) {
-      vocab.fail_here(fmt::format("id of token '{}' is {}, expected an integer", it.key(),
-                                  it.value().dump()));
+      vocab.fail_here(
+          fmt::format("id of token '{}' is {}, expected an integer", it.key(), it.value().dump()));
     }
     const int64_t id = it.value().get<int64_t>();
     if (id < 0 || id >= (int64_t{1} << 30)) {
@@ -93,7 +95,8 @@ BpeModel BpeModel::from_json(const JsonView& model) {
     max_id = std::max(max_id, id);
   }
   if (max_id >= 0 && static_cast<size_t>(max_id) > 16 * bpe.vocab_.size() + 4096) {
-    vocab.fail_here(fmt::format("ids are too sparse: {} tokens but max id {}", bpe.vocab_.size(), max_id));
+    vocab.fail_here(
+        fmt::format("ids are too sparse: {} tokens but max id {}", bpe.vocab_.size(), max_id));
   }
   bpe.id_to_token_.assign(static_cast<size_t>(max_id + 1), nullptr);
   for (const auto& [token, id] : bpe.vocab_) {
@@ -227,7 +230,9 @@ void BpeModel::tokenize(std::string_view word, std::vector<int32_t>& out) const 
   if (cacheable) {
     std::unique_lock<std::mutex> lock(cache_mutex_, std::try_to_lock);
     if (lock.owns_lock() && cache_.size() < kCacheCapacity) {
-      cache_.emplace(std::string(word), std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(start), out.end()));
+      cache_.emplace(
+          std::string(word),
+          std::vector<int32_t>(out.begin() + static_cast<std::ptrdiff_t>(start), out.end()));
     }
   }
 }
@@ -271,7 +276,8 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
     if (byte_fallback_) {
       // tokenizers falls back on the bytes of the looked-up string, prefix included.
       std::string looked_up;
-      if (!continuing_subword_prefix_.empty() && begin != 0) looked_up += continuing_subword_prefix_;
+      if (!continuing_subword_prefix_.empty() && begin != 0)
+        looked_up += continuing_subword_prefix_;
       looked_up.append(ch);
       if (!end_of_word_suffix_.empty() && pos == word.size()) looked_up += end_of_word_suffix_;
       bool all = true;
@@ -284,8 +290,8 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
     }
     if (!unk_token_.empty()) {
       if (!unk_id_) {
-        fail("tokenizer: unk_token '{}' is not in the vocab (needed for character '{}')", unk_token_,
-             ch);
+        fail("tokenizer: unk_token '{}' is not in the vocab (needed for character '{}')",
+             unk_token_, ch);
       }
       if (have_unk && fuse_unk_) {
         unk_pending_len += len;
@@ -326,7 +332,8 @@ void BpeModel::merge_word(std::string_view word, std::vector<int32_t>& out) cons
     left.len += right.len;
     left.next = right.next;
     symbols[static_cast<size_t>(right_index)].len = 0;
-    if (right.next >= 0) symbols[static_cast<size_t>(right.next)].prev = static_cast<int32_t>(top.pos);
+    if (right.next >= 0)
+      symbols[static_cast<size_t>(right.next)].prev = static_cast<int32_t>(top.pos);
 
     if (left.prev >= 0) {
       const Symbol& prev = symbols[static_cast<size_t>(left.prev)];

@@ -99,8 +99,7 @@ class BpeModel {
     uint32_t len;  // bytes covered; 0 marks a symbol merged into its left neighbour
   };
   void merge_word(std::string_view word, std::vector<int32_t>& out) const;
-  std::optional<int32_t> lookup_char(std::string_view ch, uint32_t cp, bool first,
-                                     bool last) const;
+  std::optional<int32_t> lookup_char(std::string_view ch, uint32_t cp, bool first, bool last) const;
 
   StringIdMap vocab_;
   std::vector<const std::string*> id_to_token_;  // points into vocab_ keys

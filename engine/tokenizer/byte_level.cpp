@@ -20,7 +20,8 @@ struct ByteTables {
       return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
     };
     uint32_t next = 256;
-    for (int b = 0; b < 256; ++b) to_char[static_cast<size_t>(b)] = printable(b) ? static_cast<uint32_t>(b) : next++;
+    for (int b = 0; b < 256; ++b)
+      to_char[static_cast<size_t>(b)] = printable(b) ? static_cast<uint32_t>(b) : next++;
     to_byte.fill(-1);
     for (int b = 0; b < 256; ++b) {
       to_byte[to_char[static_cast<size_t>(b)]] = static_cast<int16_t>(b);

@@ -1,10 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "engine/tokenizer/json_fields.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "engine/core/error.h"
+#include "engine/io/json_util.h"
 
 namespace specula::tokenizer {
 
@@ -35,7 +33,8 @@ JsonView JsonView::at(size_t index) const {
 }
 
 std::string JsonView::as_string() const {
-  if (!value_->is_string()) fail_here(fmt::format("expected a string, found {}", type_name(*value_)));
+  if (!value_->is_string())
+    fail_here(fmt::format("expected a string, found {}", type_name(*value_)));
   return value_->get<std::string>();
 }
 
@@ -47,21 +46,25 @@ int64_t JsonView::as_int() const {
 }
 
 bool JsonView::as_bool() const {
-  if (!value_->is_boolean()) fail_here(fmt::format("expected a boolean, found {}", type_name(*value_)));
+  if (!value_->is_boolean())
+    fail_here(fmt::format("expected a boolean, found {}", type_name(*value_)));
   return value_->get<bool>();
 }
 
 double JsonView::as_number() const {
-  if (!value_->is_number()) fail_here(fmt::format("expected a number, found {}", type_name(*value_)));
+  if (!value_->is_number())
+    fail_here(fmt::format("expected a number, found {}", type_name(*value_)));
   return value_->get<double>();
 }
 
 void JsonView::expect_object() const {
-  if (!value_->is_object()) fail_here(fmt::format("expected an object, found {}", type_name(*value_)));
+  if (!value_->is_object())
+    fail_here(fmt::format("expected an object, found {}", type_name(*value_)));
 }
 
 void JsonView::expect_array() const {
-  if (!value_->is_array()) fail_here(fmt::format("expected an array, found {}", type_name(*value_)));
+  if (!value_->is_array())
+    fail_here(fmt::format("expected an array, found {}", type_name(*value_)));
 }
 
 std::string JsonView::string_or(std::string_view key, std::string fallback) const {
@@ -83,25 +86,16 @@ void JsonView::fail_here(std::string_view message) const {
   fail("{}: field {}: {}", *origin_, path_.empty() ? "<root>" : path_, message);
 }
 
-std::string_view JsonView::type_name(const nlohmann::json& v) {
-  return v.type_name();
+std::string JsonView::type_name(const nlohmann::json& v) {
+  return io::json_type_name(v);
 }
 
 nlohmann::json parse_json(std::string_view text, const std::string& origin) {
-  try {
-    return nlohmann::json::parse(text.begin(), text.end());
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not valid JSON ({} bytes): {}", origin, text.size(), e.what());
-  }
+  return io::parse_json_text(std::string(text), origin);
 }
 
 nlohmann::json read_json(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) fail("{}: cannot open file", file);
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) fail("{}: read error", file);
-  return parse_json(buffer.str(), file);
+  return io::read_json_file(file);
 }
 
 }  // namespace specula::tokenizer

@@ -48,14 +48,15 @@ class JsonView {
   [[noreturn]] void fail_here(std::string_view message) const;
 
  private:
-  static std::string_view type_name(const nlohmann::json& v);
+  static std::string type_name(const nlohmann::json& v);
 
   const nlohmann::json* value_;
   const std::string* origin_;
   std::string path_;
 };
 
-// Parses JSON text; errors name `origin` and the parse position.
+// Parses JSON text (via io::parse_json_text: errors name `origin` and the
+// position; absurdly deep nesting is rejected instead of overflowing the stack).
 nlohmann::json parse_json(std::string_view text, const std::string& origin);
 // Reads and parses a JSON file; errors name the file.
 nlohmann::json read_json(const std::string& file);

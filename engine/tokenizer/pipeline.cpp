@@ -48,8 +48,9 @@ std::string pattern_of(const JsonView& view, bool allow_gpt2_regex, bool* is_gpt
       *is_gpt2 = true;
       return "";
     }
-    r->fail_here(fmt::format("unsupported regex pattern '{}' (only literal strings{} are supported)",
-                             regex, allow_gpt2_regex ? " and the GPT-2 split regex" : ""));
+    r->fail_here(
+        fmt::format("unsupported regex pattern '{}' (only literal strings{} are supported)", regex,
+                    allow_gpt2_regex ? " and the GPT-2 split regex" : ""));
   }
   view.fail_here("expected {\"String\": ...} or {\"Regex\": ...}");
 }
@@ -100,14 +101,16 @@ void find_gpt2(std::string_view text, std::vector<Match>& out) {
       const uint32_t c1 = cps[i + 1];
       if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
         j = i + 2;
-      } else if (i + 2 < n && ((c1 == 'r' && cps[i + 2] == 'e') || (c1 == 'v' && cps[i + 2] == 'e') ||
-                               (c1 == 'l' && cps[i + 2] == 'l'))) {
+      } else if (i + 2 < n &&
+                 ((c1 == 'r' && cps[i + 2] == 'e') || (c1 == 'v' && cps[i + 2] == 'e') ||
+                  (c1 == 'l' && cps[i + 2] == 'l'))) {
         j = i + 3;
       }
     }
     if (j == i) {
       // " ?X+" for X in letters, numbers, others (an optional literal space first).
-      const size_t body = (cps[i] == ' ' && i + 1 < n && classes[i + 1] != Gpt2Class::kSpace) ? i + 1 : i;
+      const size_t body =
+          (cps[i] == ' ' && i + 1 < n && classes[i + 1] != Gpt2Class::kSpace) ? i + 1 : i;
       const Gpt2Class cls = classes[body];
       if (cls != Gpt2Class::kSpace) {
         j = body + 1;
@@ -278,7 +281,8 @@ void PreTokenizer::add(const JsonView& view) {
     size_t len = 0;
     if (!s.replacement.empty()) len = utf8_sequence_length(static_cast<uint8_t>(s.replacement[0]));
     if (s.replacement.empty() || len != s.replacement.size()) {
-      view.at("replacement").fail_here(fmt::format("replacement '{}' must be one character", s.replacement));
+      view.at("replacement")
+          .fail_here(fmt::format("replacement '{}' must be one character", s.replacement));
     }
     if (auto scheme = view.find("prepend_scheme")) {
       const std::string v = scheme->as_string();
@@ -353,7 +357,8 @@ void PreTokenizer::apply_step(const Step& step, const PreToken& piece,
       } else {
         size_t pos = 0;
         const uint32_t rep = next_code_point(step.replacement, pos);
-        find_chars(text, [rep](uint32_t cp) { return cp == rep; }, matches);
+        find_chars(
+            text, [rep](uint32_t cp) { return cp == rep; }, matches);
       }
       behavior = Behavior::kMergedWithNext;
       invert = false;
@@ -379,12 +384,14 @@ void PreTokenizer::apply_step(const Step& step, const PreToken& piece,
       return;
     }
     case Kind::kWhitespaceSplit:
-      find_chars(text, [](uint32_t cp) { return is_whitespace(cp); }, matches);
+      find_chars(
+          text, [](uint32_t cp) { return is_whitespace(cp); }, matches);
       behavior = Behavior::kRemoved;
       invert = false;
       break;
     case Kind::kDigits:
-      find_chars(text, [](uint32_t cp) { return char_class(cp) == CharClass::kNumber; }, matches);
+      find_chars(
+          text, [](uint32_t cp) { return char_class(cp) == CharClass::kNumber; }, matches);
       behavior = step.individual_digits ? Behavior::kIsolated : Behavior::kContiguous;
       invert = false;
       break;
@@ -475,7 +482,8 @@ void Decoder::add(const JsonView& view) {
   } else if (type == "Strip") {
     Step s{Kind::kStrip};
     s.content = view.at("content").as_string();
-    if (s.content.empty() || utf8_sequence_length(static_cast<uint8_t>(s.content[0])) != s.content.size()) {
+    if (s.content.empty() ||
+        utf8_sequence_length(static_cast<uint8_t>(s.content[0])) != s.content.size()) {
       view.at("content").fail_here(fmt::format("'{}' must be one character", s.content));
     }
     const int64_t start = view.int_or("start", 0);
@@ -487,6 +495,10 @@ void Decoder::add(const JsonView& view) {
   } else if (type == "Metaspace") {
     Step s{Kind::kMetaspace};
     s.content = view.string_or("replacement", "\u2581");
+    if (s.content.empty() ||
+        utf8_sequence_length(static_cast<uint8_t>(s.content[0])) != s.content.size()) {
+      view.at("replacement").fail_here(fmt::format("'{}' must be one character", s.content));
+    }
     if (auto scheme = view.find("prepend_scheme")) {
       s.prepend = scheme->as_string() != "never";
     } else {
@@ -575,7 +587,9 @@ std::vector<std::string> Decoder::run(std::vector<std::string> tokens, size_t fi
           uint8_t b = 0;
           while (g > 0 && parse_byte_token(tokens[g - 1], &b)) --g;
           if (g < tokens.size()) {
-            settle(std::vector<std::string>(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(g)), si);
+            settle(std::vector<std::string>(tokens.begin(),
+                                            tokens.begin() + static_cast<std::ptrdiff_t>(g)),
+                   si);
           }
         }
         std::vector<std::string> out;
@@ -629,7 +643,8 @@ std::vector<std::string> Decoder::run(std::vector<std::string> tokens, size_t fi
           size_t start_cut = 0;
           for (size_t i = 0; i < std::min(s.start, n) && char_at(i) == ch; ++i) start_cut = i + 1;
           size_t stop_cut = n;
-          for (size_t i = 0; i < std::min(s.stop, n) && char_at(n - 1 - i) == ch; ++i) stop_cut = n - 1 - i;
+          for (size_t i = 0; i < std::min(s.stop, n) && char_at(n - 1 - i) == ch; ++i)
+            stop_cut = n - 1 - i;
           if (start_cut >= stop_cut) {
             t.clear();
           } else {
@@ -667,7 +682,8 @@ std::vector<std::string> Decoder::run(std::vector<std::string> tokens, size_t fi
         size_t tail = 0;
         std::string text = utf8_lossy(bytes, &tail);
         if (stable_bytes != nullptr && tail > 0) {
-          settle(std::vector<std::string>{utf8_lossy(std::string_view(bytes).substr(0, bytes.size() - tail))},
+          settle(std::vector<std::string>{utf8_lossy(
+                     std::string_view(bytes).substr(0, bytes.size() - tail))},
                  si + 1);
         }
         tokens.assign(1, std::move(text));
@@ -693,7 +709,8 @@ PostProcessor PostProcessor::from_json(const JsonView& view) {
 
 PostProcessor PostProcessor::bos_eos(std::vector<int32_t> bos, std::vector<int32_t> eos) {
   PostProcessor p;
-  if (!bos.empty() || !eos.empty()) p.templates_.push_back(Template{std::move(bos), std::move(eos), true});
+  if (!bos.empty() || !eos.empty())
+    p.templates_.push_back(Template{std::move(bos), std::move(eos), true});
   return p;
 }
 
@@ -716,7 +733,8 @@ void PostProcessor::add(const JsonView& view) {
       if (auto seq = item.find("Sequence")) {
         const std::string id = seq->at("id").as_string();
         if (id != "A" || t.has_sequence) {
-          seq->fail_here(fmt::format("unsupported sequence '{}' in a single-sequence template", id));
+          seq->fail_here(
+              fmt::format("unsupported sequence '{}' in a single-sequence template", id));
         }
         t.has_sequence = true;
       } else if (auto special = item.find("SpecialToken")) {

@@ -30,8 +30,8 @@ class Normalizer {
     Kind kind;
     std::string pattern{};  // Replace
     std::string content{};  // Replace: replacement; Prepend: prefix
-    bool left = false;    // Strip
-    bool right = false;   // Strip
+    bool left = false;      // Strip
+    bool right = false;     // Strip
   };
   void add(const JsonView& view);
   std::vector<Step> steps_;
@@ -57,16 +57,16 @@ class PreTokenizer {
   enum class Prepend { kAlways, kFirst, kNever };
   struct Step {
     Kind kind;
-    std::string pattern{};      // Split: literal pattern (empty when regex_gpt2)
+    std::string pattern{};    // Split: literal pattern (empty when regex_gpt2)
     bool regex_gpt2 = false;  // Split: the built-in GPT-2 pattern
     Behavior behavior = Behavior::kIsolated;
     bool invert = false;
     std::string replacement{};  // Metaspace
     Prepend prepend = Prepend::kAlways;
-    bool split = true;              // Metaspace
-    bool add_prefix_space = false;  // ByteLevel
-    bool use_regex = true;          // ByteLevel
-    bool individual_digits = false; // Digits
+    bool split = true;               // Metaspace
+    bool add_prefix_space = false;   // ByteLevel
+    bool use_regex = true;           // ByteLevel
+    bool individual_digits = false;  // Digits
   };
   void add(const JsonView& view);
   void apply_step(const Step& step, const PreToken& piece, std::vector<PreToken>& out) const;
@@ -88,9 +88,9 @@ class Decoder {
     Kind kind;
     std::string pattern{};  // Replace
     std::string content{};  // Replace; Strip: the character; Metaspace: replacement
-    size_t start = 0;     // Strip
-    size_t stop = 0;      // Strip
-    bool prepend = true;  // Metaspace: prepend_scheme != never
+    size_t start = 0;       // Strip
+    size_t stop = 0;        // Strip
+    bool prepend = true;    // Metaspace: prepend_scheme != never
   };
   void add(const JsonView& view);
   std::vector<std::string> run(std::vector<std::string> tokens, size_t first_step,

@@ -2,8 +2,6 @@
 #include "engine/tokenizer/tokenizer.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "engine/core/error.h"
 #include "engine/tokenizer/added_vocab.h"
@@ -45,15 +43,6 @@ struct Tokenizer::Impl {
 };
 
 namespace {
-
-std::string read_text_file(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  if (!in) fail("{}: cannot open file", file);
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) fail("{}: read error", file);
-  return buffer.str();
-}
 
 // A special token entry of tokenizer_config.json / special_tokens_map.json:
 // a string or an AddedToken object {"content": ...}.
@@ -146,7 +135,8 @@ std::unique_ptr<Tokenizer::Impl> build(const nlohmann::json& root, const std::st
   const auto resolve = [&](std::string_view key) -> std::optional<int32_t> {
     for (int pass = 0; pass < 2; ++pass) {
       const auto& json = pass == 0 ? configs.tokenizer_config : configs.special_tokens_map;
-      const auto& file = pass == 0 ? configs.tokenizer_config_origin : configs.special_tokens_map_origin;
+      const auto& file =
+          pass == 0 ? configs.tokenizer_config_origin : configs.special_tokens_map_origin;
       if (!json || !json->is_object()) continue;
       if (auto s = special_token_string(JsonView(*json, file, ""), key)) {
         if (auto id = impl->token_to_id(*s)) return id;
@@ -163,10 +153,16 @@ std::unique_ptr<Tokenizer::Impl> build(const nlohmann::json& root, const std::st
     const JsonView gen(*configs.generation_config, configs.generation_config_origin, "");
     if (auto eos = gen.find("eos_token_id")) special.eos = id_list(*eos);
     if (!special.bos) {
-      if (auto bos = gen.find("bos_token_id")) special.bos = id_list(*bos).at(0);
+      if (auto bos = gen.find("bos_token_id")) {
+        const auto ids = id_list(*bos);
+        if (!ids.empty()) special.bos = ids.front();
+      }
     }
     if (!special.pad) {
-      if (auto pad = gen.find("pad_token_id")) special.pad = id_list(*pad).at(0);
+      if (auto pad = gen.find("pad_token_id")) {
+        const auto ids = id_list(*pad);
+        if (!ids.empty()) special.pad = ids.front();
+      }
     }
   }
   if (special.eos.empty()) {
@@ -182,12 +178,14 @@ std::unique_ptr<Tokenizer::Impl> build(const nlohmann::json& root, const std::st
       std::vector<int32_t> bos, eos;
       if (add_bos) {
         auto id = resolve("bos_token");
-        if (!id) cfg.at("add_bos_token").fail_here("is true but bos_token is missing or not in the vocab");
+        if (!id)
+          cfg.at("add_bos_token").fail_here("is true but bos_token is missing or not in the vocab");
         bos.push_back(*id);
       }
       if (add_eos) {
         auto id = resolve("eos_token");
-        if (!id) cfg.at("add_eos_token").fail_here("is true but eos_token is missing or not in the vocab");
+        if (!id)
+          cfg.at("add_eos_token").fail_here("is true but eos_token is missing or not in the vocab");
         eos.push_back(*id);
       }
       impl->post_processor = tokenizer::PostProcessor::bos_eos(std::move(bos), std::move(eos));
@@ -211,7 +209,8 @@ Tokenizer Tokenizer::load(const std::string& path) {
   if (!fs::exists(file, ec)) fail("{}: tokenizer.json not found", file.string());
   const fs::path dir = file.parent_path();
   ConfigFiles configs;
-  const auto optional_json = [&](const char* name, std::optional<nlohmann::json>& dst, std::string& origin) {
+  const auto optional_json = [&](const char* name, std::optional<nlohmann::json>& dst,
+                                 std::string& origin) {
     const fs::path p = dir / name;
     if (fs::exists(p, ec)) {
       origin = p.string();
@@ -219,29 +218,36 @@ Tokenizer Tokenizer::load(const std::string& path) {
     }
   };
   optional_json("tokenizer_config.json", configs.tokenizer_config, configs.tokenizer_config_origin);
-  optional_json("special_tokens_map.json", configs.special_tokens_map, configs.special_tokens_map_origin);
-  optional_json("generation_config.json", configs.generation_config, configs.generation_config_origin);
+  optional_json("special_tokens_map.json", configs.special_tokens_map,
+                configs.special_tokens_map_origin);
+  optional_json("generation_config.json", configs.generation_config,
+                configs.generation_config_origin);
   const std::string origin = file.string();
-  const nlohmann::json root = tokenizer::parse_json(read_text_file(origin), origin);
+  const nlohmann::json root = tokenizer::read_json(origin);
   return Tokenizer(build(root, origin, configs));
 }
 
-Tokenizer Tokenizer::from_json_text(std::string_view tokenizer_json, std::string_view tokenizer_config_json,
-                                    std::string_view generation_config_json, const std::string& origin) {
+Tokenizer Tokenizer::from_json_text(std::string_view tokenizer_json,
+                                    std::string_view tokenizer_config_json,
+                                    std::string_view generation_config_json,
+                                    const std::string& origin) {
   ConfigFiles configs;
   if (!tokenizer_config_json.empty()) {
     configs.tokenizer_config_origin = origin + " (tokenizer_config.json)";
-    configs.tokenizer_config = tokenizer::parse_json(tokenizer_config_json, configs.tokenizer_config_origin);
+    configs.tokenizer_config =
+        tokenizer::parse_json(tokenizer_config_json, configs.tokenizer_config_origin);
   }
   if (!generation_config_json.empty()) {
     configs.generation_config_origin = origin + " (generation_config.json)";
-    configs.generation_config = tokenizer::parse_json(generation_config_json, configs.generation_config_origin);
+    configs.generation_config =
+        tokenizer::parse_json(generation_config_json, configs.generation_config_origin);
   }
   const nlohmann::json root = tokenizer::parse_json(tokenizer_json, origin);
   return Tokenizer(build(root, origin, configs));
 }
 
-void Tokenizer::Impl::encode_plain(std::string_view raw, bool at_start, std::vector<int32_t>& ids) const {
+void Tokenizer::Impl::encode_plain(std::string_view raw, bool at_start,
+                                   std::vector<int32_t>& ids) const {
   std::string normalized(raw);
   normalizer.apply(normalized);
   if (normalized.empty()) return;
@@ -296,7 +302,8 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool add_special_t
   return ids;
 }
 
-PartialDecode Tokenizer::decode_partial(std::span<const int32_t> ids, bool skip_special_tokens) const {
+PartialDecode Tokenizer::decode_partial(std::span<const int32_t> ids,
+                                        bool skip_special_tokens) const {
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
@@ -329,14 +336,18 @@ std::optional<std::string> Tokenizer::id_to_token(int32_t id) const {
   return *token;
 }
 
-int32_t Tokenizer::vocab_size() const { return impl_->vocab_size; }
+int32_t Tokenizer::vocab_size() const {
+  return impl_->vocab_size;
+}
 
 bool Tokenizer::is_special(int32_t id) const {
   const AddedToken* t = impl_->added.find(id);
   return t != nullptr && impl_->added.is_special(t->content);
 }
 
-const SpecialTokenIds& Tokenizer::special_ids() const { return impl_->special; }
+const SpecialTokenIds& Tokenizer::special_ids() const {
+  return impl_->special;
+}
 
 // ---------------------------------------------------------- StreamingDecoder
 
@@ -356,12 +367,14 @@ std::string StreamingDecoder::feed(int32_t id) {
   // the first token specially) and its own text is subtracted via emitted_.
   if (d.stable_bytes == d.text.size() && window_.size() > 1) {
     size_t keep = window_.size();
-    while (keep > 0 && !tokenizer_->decodes_to_text(window_[keep - 1], skip_special_tokens_)) --keep;
+    while (keep > 0 && !tokenizer_->decodes_to_text(window_[keep - 1], skip_special_tokens_))
+      --keep;
     if (keep == 0) {
       window_.clear();
       emitted_ = 0;
     } else if (keep - 1 > 0) {
-      std::vector<int32_t> trimmed(window_.begin() + static_cast<std::ptrdiff_t>(keep - 1), window_.end());
+      std::vector<int32_t> trimmed(window_.begin() + static_cast<std::ptrdiff_t>(keep - 1),
+                                   window_.end());
       PartialDecode t = tokenizer_->decode_partial(trimmed, skip_special_tokens_);
       if (t.stable_bytes == t.text.size()) {
         window_.swap(trimmed);

@@ -59,7 +59,8 @@ size_t scan_sequence(std::string_view bytes, size_t i, size_t* consumed, bool* a
 template <typename T>
 const T* find_range(const T* table, size_t count, uint32_t cp) {
   const T* end = table + count;
-  const T* it = std::upper_bound(table, end, cp, [](uint32_t v, const T& r) { return v < r.first; });
+  const T* it =
+      std::upper_bound(table, end, cp, [](uint32_t v, const T& r) { return v < r.first; });
   if (it == table) return nullptr;
   --it;
   return cp <= it->last ? it : nullptr;
@@ -101,11 +102,11 @@ uint32_t compose_pair(uint32_t a, uint32_t b) {
   }
   const auto* begin = tables::kCompositions;
   const auto* end = begin + tables::kCompositionCount;
-  const auto* it = std::lower_bound(begin, end, std::pair<uint32_t, uint32_t>(a, b),
-                                    [](const tables::Composition& c, std::pair<uint32_t, uint32_t> v) {
-                                      return c.first != v.first ? c.first < v.first
-                                                                : c.second < v.second;
-                                    });
+  const auto* it =
+      std::lower_bound(begin, end, std::pair<uint32_t, uint32_t>(a, b),
+                       [](const tables::Composition& c, std::pair<uint32_t, uint32_t> v) {
+                         return c.first != v.first ? c.first < v.first : c.second < v.second;
+                       });
   return it != end && it->first == a && it->second == b ? it->composite : 0;
 }
 
@@ -124,9 +125,9 @@ std::vector<uint32_t> decomposed(std::string_view text) {
     }
     size_t j = i;
     while (j < cps.size() && combining_class(cps[j]) != 0) ++j;
-    std::stable_sort(cps.begin() + static_cast<std::ptrdiff_t>(i),
-                     cps.begin() + static_cast<std::ptrdiff_t>(j),
-                     [](uint32_t a, uint32_t b) { return combining_class(a) < combining_class(b); });
+    std::stable_sort(
+        cps.begin() + static_cast<std::ptrdiff_t>(i), cps.begin() + static_cast<std::ptrdiff_t>(j),
+        [](uint32_t a, uint32_t b) { return combining_class(a) < combining_class(b); });
     i = j;
   }
   return cps;

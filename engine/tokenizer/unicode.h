@@ -14,13 +14,13 @@ namespace specula::tokenizer {
 
 // General category class (first letter of the Unicode general category).
 enum class CharClass : uint8_t {
-  kOther = 0,       // C*: controls, format, unassigned, private use, surrogates
-  kLetter = 1,      // L*
-  kMark = 2,        // M*
-  kNumber = 3,      // N*
-  kPunctuation = 4, // P*
-  kSymbol = 5,      // S*
-  kSeparator = 6,   // Z*
+  kOther = 0,        // C*: controls, format, unassigned, private use, surrogates
+  kLetter = 1,       // L*
+  kMark = 2,         // M*
+  kNumber = 3,       // N*
+  kPunctuation = 4,  // P*
+  kSymbol = 5,       // S*
+  kSeparator = 6,    // Z*
 };
 
 // Throws Error naming `what` and the byte offset of the first invalid byte if

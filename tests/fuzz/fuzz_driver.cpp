@@ -301,9 +301,16 @@ int main(int argc, char** argv) {
   const std::string name = std::filesystem::path(argv[0]).filename().string();
   std::snprintf(g_artifact, sizeof(g_artifact), "%s/crash-%s-seed%llu", opt.artifact_dir.c_str(),
                 name.c_str(), static_cast<unsigned long long>(opt.seed));
-  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP})
-    std::signal(sig, on_fatal_signal);
-  if (__sanitizer_set_death_callback != nullptr) __sanitizer_set_death_callback(write_artifact);
+  if (__sanitizer_set_death_callback != nullptr) {
+    // Under a sanitizer its own handlers report SEGV/BUS/FPE (with a stack
+    // trace) and then call the death callback; we catch only what it ignores.
+    __sanitizer_set_death_callback(write_artifact);
+    for (int sig : {SIGILL, SIGABRT, SIGTRAP}) std::signal(sig, on_fatal_signal);
+  } else {
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP}) {
+      std::signal(sig, on_fatal_signal);
+    }
+  }
 
   std::vector<Bytes> pool = load_seeds(opt.paths);
   const size_t n_seeds = pool.size();

@@ -7,6 +7,7 @@
 // to near zero are judged on the tensor's scale. Inputs in bf16/f16 are decoded
 // exactly, so they share the f32 tolerance.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -210,10 +211,11 @@ TEST_F(CpuBackendTest, LinearMatchesReferenceForEveryWeightDtypeAndShape) {
   struct Case {
     int64_t m, k, n;
   };
-  // M <= 8 takes the GEMV kernel, M > 8 sgemm (bf16/f16 in blocks of up to 256
-  // rows, so N = 300 spans two blocks); K = 1030 spans several GEMV chunks.
-  const Case cases[] = {{1, 37, 5},   {1, 64, 300}, {3, 37, 11},    {8, 128, 33}, {1, 1030, 9},
-                        {8, 1030, 9}, {9, 37, 17},  {20, 100, 300}, {33, 513, 70}};
+  // M <= 8 takes the GEMV kernel (K = 1030 spans several of its chunks); M > 8
+  // sgemm on blocks of weight rows (N = 300 gives 16 blocks and a ragged last
+  // one) and on at most 512 rows of x per call (M = 520 needs two).
+  const Case cases[] = {{1, 37, 5},   {1, 64, 300}, {3, 37, 11},    {8, 128, 33},  {1, 1030, 9},
+                        {8, 1030, 9}, {9, 37, 17},  {20, 100, 300}, {33, 513, 70}, {520, 9, 40}};
   for (DType wt : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (const Case& c : cases) {
       HostTensor x = random({c.m, c.k});
@@ -240,6 +242,32 @@ TEST_F(CpuBackendTest, LinearRowsDoNotDependOnHowManyRowsShareTheCall) {
       expect_bitwise_equal(y1.data<float>(), y.data<float>() + m * 45, 45,
                            fmt::format("linear {} row {}", dtype_name(wt), m));
     }
+  }
+}
+
+TEST_F(CpuBackendTest, ResultsDoNotDependOnTheThreadCount) {
+  HostTensor x = random({20, 300});
+  HostTensor w = random(DType::kBF16, {70, 300});
+  HostTensor q = random({6, 4, 16}), k = random({9, 2, 16}), v = random({9, 2, 16});
+  HostTensor pos = make_i32({6}, {3, 4, 5, 6, 7, 8});
+  auto run = [&](int threads) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    std::vector<HostTensor> outs;
+    outs.emplace_back(DType::kF32, Shape{20, 70});  // sgemm path
+    outs.emplace_back(DType::kF32, Shape{5, 70});   // GEMV path
+    outs.emplace_back(DType::kF32, Shape{6, 4, 16});
+    be_.linear(x, w, outs[0]);
+    be_.linear(x.view().slice_rows(0, 5), w, outs[1]);
+    be_.attention({.q = q, .k = k, .v = v, .out = outs[2], .q_positions = pos, .window = 4});
+    omp_set_num_threads(saved);
+    return outs;
+  };
+  const auto one = run(1);
+  const auto many = run(4);
+  for (size_t i = 0; i < one.size(); ++i) {
+    expect_bitwise_equal(one[i].data<float>(), many[i].data<float>(), one[i].numel(),
+                         fmt::format("output {}", i));
   }
 }
 

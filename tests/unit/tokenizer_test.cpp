@@ -11,11 +11,12 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "engine/core/error.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -46,7 +47,9 @@ std::vector<json> read_jsonl(const fs::path& p) {
   return rows;
 }
 
-std::vector<int32_t> ids_of(const json& j) { return j.get<std::vector<int32_t>>(); }
+std::vector<int32_t> ids_of(const json& j) {
+  return j.get<std::vector<int32_t>>();
+}
 
 bool valid_utf8(const std::string& s) {
   try {
@@ -71,7 +74,9 @@ std::string stream_decode(const Tokenizer& tok, const std::vector<int32_t>& ids,
   return all + rest;
 }
 
-std::string escaped(const std::string& s) { return json(s).dump(); }
+std::string escaped(const std::string& s) {
+  return json(s).dump();
+}
 
 // ------------------------------------------------------------ tiny tokenizer
 // A hand-written BPE with byte fallback, fused unk, an lstrip/rstrip added
@@ -101,7 +106,9 @@ constexpr std::string_view kTinyJson = R"JSON({
     "merges": [["a", "b"], ["ab", "c"], ["\u2581", "a"], ["\u2581a", "b"], ["b", "c"]]}
 })JSON";
 
-Tokenizer tiny() { return Tokenizer::from_json_text(kTinyJson, {}, {}, "tiny.json"); }
+Tokenizer tiny() {
+  return Tokenizer::from_json_text(kTinyJson, {}, {}, "tiny.json");
+}
 
 // Returns kTinyJson with `mutate` applied.
 std::string tiny_with(const std::function<void(json&)>& mutate) {
@@ -125,11 +132,21 @@ TEST(TokenizerTiny, EncodesLikeTokenizers) {
       {"a b c", {4, 3, 5, 3, 6}, "a b c", "a b c"},
       {"bca", {18, 4}, "bca", "bca"},
       {"\xE2\x82\xAC", {11, 12, 13}, "\xE2\x82\xAC", "\xE2\x82\xAC"},
-      {"a\xE2\x82\xAC" "b", {4, 11, 12, 13, 5}, "a\xE2\x82\xAC" "b", "a\xE2\x82\xAC" "b"},
+      {"a\xE2\x82\xAC"
+       "b",
+       {4, 11, 12, 13, 5},
+       "a\xE2\x82\xAC"
+       "b",
+       "a\xE2\x82\xAC"
+       "b"},
       {"\xF0\x9F\x98\x80", {14, 15, 16, 17}, "\xF0\x9F\x98\x80", "\xF0\x9F\x98\x80"},
       {"\xC3\xA9", {0}, "<unk>", ""},
       {"\xC3\xA9\xC3\xA9", {0}, "<unk>", ""},
-      {"a\xC3\xA9" "b", {4, 0, 5}, "a<unk>b", "ab"},
+      {"a\xC3\xA9"
+       "b",
+       {4, 0, 5},
+       "a<unk>b",
+       "ab"},
       {"a <sep>  b", {4, 19, 5}, "a<sep>b", "a<sep>b"},
       {"x<sep>y", {0, 19, 0}, "<unk><sep><unk>", "<sep>"},
       {"<s>ab</s>", {1, 7, 2}, "<s>ab</s>", "ab"},
@@ -154,8 +171,11 @@ TEST(TokenizerTiny, DecodesBrokenByteRunsLikeTokenizers) {
   // An invalid byte group becomes one U+FFFD per byte; unknown ids are ignored.
   EXPECT_EQ(tok.decode(std::vector<int32_t>{11, 12}, false), "\xEF\xBF\xBD\xEF\xBF\xBD");
   EXPECT_EQ(tok.decode(std::vector<int32_t>{11, 4, 12, 13}, false),
-            "\xEF\xBF\xBD" "a\xEF\xBF\xBD\xEF\xBF\xBD");
-  EXPECT_EQ(tok.decode(std::vector<int32_t>{14, 15, 16, 17, 4}, false), "\xF0\x9F\x98\x80" "a");
+            "\xEF\xBF\xBD"
+            "a\xEF\xBF\xBD\xEF\xBF\xBD");
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{14, 15, 16, 17, 4}, false),
+            "\xF0\x9F\x98\x80"
+            "a");
   EXPECT_EQ(tok.decode(std::vector<int32_t>{99, 4, 1, 5}, false), "a<s>b");
   EXPECT_EQ(tok.decode(std::vector<int32_t>{99, 4, 1, 5}, true), "ab");
   EXPECT_EQ(tok.decode(std::vector<int32_t>{-5, 4}, false), "a");
@@ -187,7 +207,8 @@ TEST(TokenizerTiny, ConfigFilesSetSpecialIdsAndBos) {
   EXPECT_EQ(tok.pad_id(), 0);
   // add_bos_token/add_eos_token replace the post-processor template.
   EXPECT_EQ(tok.encode("abc", true), (std::vector<int32_t>{8, 2}));
-  const Tokenizer gen = Tokenizer::from_json_text(kTinyJson, config, R"({"eos_token_id": [2, 19]})", "t");
+  const Tokenizer gen =
+      Tokenizer::from_json_text(kTinyJson, config, R"({"eos_token_id": [2, 19]})", "t");
   EXPECT_EQ(gen.eos_ids(), (std::vector<int32_t>{2, 19}));
   EXPECT_THROW(Tokenizer::from_json_text(kTinyJson, R"({"add_bos_token": true})", {}, "t"), Error);
 }
@@ -220,7 +241,9 @@ TEST(TokenizerTiny, StreamingHoldsByteRunsUntilComplete) {
   EXPECT_EQ(dec.feed(15), "");
   EXPECT_EQ(dec.feed(16), "");
   EXPECT_EQ(dec.feed(17), "");  // complete, but a following byte could still void the group
-  EXPECT_EQ(dec.feed(5), "\xF0\x9F\x98\x80" "b");
+  EXPECT_EQ(dec.feed(5),
+            "\xF0\x9F\x98\x80"
+            "b");
   EXPECT_EQ(dec.feed(11), "");
   EXPECT_EQ(dec.flush(), "\xEF\xBF\xBD");  // unfinished sequence, as decode() renders it
   // After flush the decoder starts over.
@@ -231,7 +254,9 @@ TEST(TokenizerTiny, StreamingSkipsSpecialTokens) {
   const Tokenizer tok = tiny();
   const std::vector<int32_t> ids = {1, 11, 2, 12, 13, 4, 2};
   EXPECT_EQ(stream_decode(tok, ids, true), tok.decode(ids, true));
-  EXPECT_EQ(tok.decode(ids, true), "\xE2\x82\xAC" "a");  // the skipped </s> does not split the bytes
+  EXPECT_EQ(tok.decode(ids, true),
+            "\xE2\x82\xAC"
+            "a");  // the skipped </s> does not split the bytes
   EXPECT_EQ(stream_decode(tok, ids, false), tok.decode(ids, false));
 }
 
@@ -248,7 +273,11 @@ std::string error_of(const std::function<void()>& f) {
 
 TEST(TokenizerErrors, InvalidUtf8InputNamesTheByteOffset) {
   const Tokenizer tok = tiny();
-  std::string msg = error_of([&] { tok.encode("abc\xFF" "def"); });
+  std::string msg = error_of([&] {
+    tok.encode(
+        "abc\xFF"
+        "def");
+  });
   EXPECT_NE(msg.find("byte offset 3"), std::string::npos) << msg;
   msg = error_of([&] { tok.encode("ab\xE4\xBD"); });
   EXPECT_NE(msg.find("byte offset 2"), std::string::npos) << msg;
@@ -264,33 +293,53 @@ TEST(TokenizerErrors, MalformedJsonNamesFileAndField) {
     return error_of([&] { Tokenizer::from_json_text(text, {}, {}, "bad.json"); });
   };
   const auto expect_has = [](const std::string& msg, std::initializer_list<const char*> parts) {
-    for (const char* part : parts) EXPECT_NE(msg.find(part), std::string::npos) << msg << " lacks " << part;
+    for (const char* part : parts)
+      EXPECT_NE(msg.find(part), std::string::npos) << msg << " lacks " << part;
   };
-  expect_has(load(std::string(kTinyJson.substr(0, 300))), {"bad.json", "not valid JSON"});
+  expect_has(load(std::string(kTinyJson.substr(0, 300))), {"bad.json", "invalid JSON"});
   expect_has(load("[1, 2]"), {"bad.json", "expected an object"});
-  expect_has(load(tiny_with([](json& j) { j.erase("model"); })), {"bad.json", "missing field model"});
+  expect_has(load(std::string(100000, '[') + std::string(100000, ']')), {"bad.json", "nesting"});
+  expect_has(load(tiny_with([](json& j) { j.erase("model"); })),
+             {"bad.json", "missing field model"});
   expect_has(load(tiny_with([](json& j) { j["model"]["type"] = "WordPiece"; })),
              {"bad.json", "model.type", "unsupported model type 'WordPiece'"});
   expect_has(load(tiny_with([](json& j) { j["model"].erase("vocab"); })), {"model.vocab"});
-  expect_has(load(tiny_with([](json& j) { j["model"]["vocab"]["a"] = "x"; })), {"model.vocab", "'a'"});
-  expect_has(load(tiny_with([](json& j) { j["model"]["merges"][0] = {"a", "zz"}; })),
+  expect_has(load(tiny_with([](json& j) { j["model"]["vocab"]["a"] = "x"; })),
+             {"model.vocab", "'a'"});
+  expect_has(load(tiny_with([](json& j) {
+               j["model"]["merges"][0] = {"a", "zz"};
+             })),
              {"model.merges[0]", "'zz' is not in the vocab"});
-  expect_has(load(tiny_with([](json& j) { j["model"]["merges"] = {"a b c"}; })), {"model.merges[0]"});
+  expect_has(load(tiny_with([](json& j) { j["model"]["merges"] = {"a b c"}; })),
+             {"model.merges[0]"});
   expect_has(load(tiny_with([](json& j) { j["model"]["merges"] = {"a c"}; })),
              {"model.merges[0]", "merged token 'ac'"});
-  expect_has(load(tiny_with([](json& j) { j["model"]["merges"] = {json("a b"), json({"ab", "c"})}; })),
+  expect_has(load(tiny_with([](json& j) {
+               j["model"]["merges"] = {json("a b"), json({"ab", "c"})};
+             })),
              {"model.merges[1]", "mix"});
-  expect_has(load(tiny_with([](json& j) { j["normalizer"] = {{"type", "Lowercase"}}; })),
+  expect_has(load(tiny_with([](json& j) {
+               j["normalizer"] = {{"type", "Lowercase"}};
+             })),
              {"normalizer.type", "unsupported normalizer type 'Lowercase'"});
-  expect_has(load(tiny_with([](json& j) { j["pre_tokenizer"] = {{"type", "BertPreTokenizer"}}; })),
+  expect_has(load(tiny_with([](json& j) {
+               j["pre_tokenizer"] = {{"type", "BertPreTokenizer"}};
+             })),
              {"pre_tokenizer.type", "'BertPreTokenizer'"});
   expect_has(load(tiny_with([](json& j) {
-               j["pre_tokenizer"] = {{"type", "Split"}, {"pattern", {{"Regex", "\\d+"}}}, {"behavior", "Isolated"}};
+               j["pre_tokenizer"] = {
+                   {"type", "Split"}, {"pattern", {{"Regex", "\\d+"}}}, {"behavior", "Isolated"}};
              })),
              {"pre_tokenizer.pattern.Regex", "unsupported regex"});
-  expect_has(load(tiny_with([](json& j) { j["decoder"] = {{"type", "WordPiece"}}; })),
+  expect_has(load(tiny_with([](json& j) {
+               j["decoder"] = {{"type", "WordPiece"}};
+             })),
              {"decoder.type", "'WordPiece'"});
   expect_has(load(tiny_with([](json& j) { j["model"]["dropout"] = 0.1; })), {"model.dropout"});
+  expect_has(load(tiny_with([](json& j) {
+               j["decoder"] = {{"type", "Metaspace"}, {"replacement", ""}};
+             })),
+             {"decoder.replacement", "one character"});
   expect_has(load(tiny_with([](json& j) { j["added_tokens"][0].erase("content"); })),
              {"added_tokens[0].content"});
 }
@@ -298,11 +347,10 @@ TEST(TokenizerErrors, MalformedJsonNamesFileAndField) {
 TEST(TokenizerErrors, MissingFilesAndTruncatedFiles) {
   EXPECT_NE(error_of([] { Tokenizer::load("/nonexistent/dir/tokenizer.json"); }).find("not found"),
             std::string::npos);
-  const fs::path dir = fs::temp_directory_path() / ("specula_tok_test_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("specula_tok_test_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  {
-    std::ofstream(dir / "tokenizer.json") << kTinyJson.substr(0, kTinyJson.size() / 2);
-  }
+  { std::ofstream(dir / "tokenizer.json") << kTinyJson.substr(0, kTinyJson.size() / 2); }
   const std::string msg = error_of([&] { Tokenizer::load(dir.string()); });
   EXPECT_NE(msg.find((dir / "tokenizer.json").string()), std::string::npos) << msg;
   {
@@ -312,9 +360,7 @@ TEST(TokenizerErrors, MissingFilesAndTruncatedFiles) {
   const std::string gen_msg = error_of([&] { Tokenizer::load(dir.string()); });
   EXPECT_NE(gen_msg.find("generation_config.json"), std::string::npos) << gen_msg;
   EXPECT_NE(gen_msg.find("eos_token_id"), std::string::npos) << gen_msg;
-  {
-    std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": 2, "bos_token_id": 1})";
-  }
+  { std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": 2, "bos_token_id": 1})"; }
   const Tokenizer tok = Tokenizer::load((dir / "tokenizer.json").string());
   EXPECT_EQ(tok.eos_ids(), std::vector<int32_t>{2});
   EXPECT_EQ(tok.bos_id(), 1);
@@ -333,7 +379,8 @@ TEST(TokenizerErrors, TruncatedOrCorruptedJsonNeverCrashes) {
   std::mt19937 rng(7);
   for (int i = 0; i < 300; ++i) {
     std::string s = full;
-    for (int k = 0; k < 3; ++k) s[rng() % s.size()] = static_cast<char>("{}[]\":,0a\\ "[rng() % 12]);
+    for (int k = 0; k < 3; ++k)
+      s[rng() % s.size()] = static_cast<char>("{}[]\":,0a\\ "[rng() % 12]);
     try {
       const Tokenizer tok = Tokenizer::from_json_text(s, {}, {}, "t");
       (void)tok.encode("abc <sep> \xE2\x82\xAC");
@@ -350,11 +397,11 @@ TEST(TokenizerUnicode, NormalizationAndLossyDecoding) {
   using tokenizer::normalize_nfd;
   EXPECT_EQ(normalize_nfc("e\u0301"), "\u00e9");
   EXPECT_EQ(normalize_nfd("\u00e9"), "e\u0301");
-  EXPECT_EQ(normalize_nfc("\u212b"), "\u00c5");                       // singleton
-  EXPECT_EQ(normalize_nfc("\u1100\u1161\u11a8"), "\uac01");           // Hangul LVT
+  EXPECT_EQ(normalize_nfc("\u212b"), "\u00c5");              // singleton
+  EXPECT_EQ(normalize_nfc("\u1100\u1161\u11a8"), "\uac01");  // Hangul LVT
   EXPECT_EQ(normalize_nfd("\uac01"), "\u1100\u1161\u11a8");
-  EXPECT_EQ(normalize_nfc("a\u0323\u0302"), "\u1ead");                // ordered marks compose
-  EXPECT_EQ(normalize_nfc("a\u0302\u0323"), "\u1ead");                // reordered first
+  EXPECT_EQ(normalize_nfc("a\u0323\u0302"), "\u1ead");  // ordered marks compose
+  EXPECT_EQ(normalize_nfc("a\u0302\u0323"), "\u1ead");  // reordered first
   EXPECT_EQ(normalize_nfd("\u1ead"), "a\u0323\u0302");
   EXPECT_EQ(normalize_nfc("plain ascii"), "plain ascii");
   size_t tail = 0;
@@ -362,13 +409,19 @@ TEST(TokenizerUnicode, NormalizationAndLossyDecoding) {
   EXPECT_EQ(tail, 3u);
   EXPECT_EQ(tokenizer::utf8_lossy("\xF0\x80\x80", &tail), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
   EXPECT_EQ(tail, 0u);
-  EXPECT_EQ(tokenizer::utf8_lossy("\xE2\x82" "A"), "\xEF\xBF\xBD" "A");
+  EXPECT_EQ(tokenizer::utf8_lossy("\xE2\x82"
+                                  "A"),
+            "\xEF\xBF\xBD"
+            "A");
 }
 
 // ------------------------------------------------------------ Gemma goldens
 
 fs::path gemma_tokenizer_path() {
-  if (const char* env = std::getenv("SPECULA_GEMMA_TOKENIZER")) return env;
+  if (const char* env = std::getenv("SPECULA_GEMMA_TOKENIZER")) {
+    const fs::path p(env);
+    return fs::is_directory(p) ? p / "tokenizer.json" : p;
+  }
   fs::path cache;
   if (const char* c = std::getenv("SPECULA_CACHE")) {
     cache = c;
@@ -490,9 +543,13 @@ TEST_F(GemmaTokenizer, CorpusMatchesHuggingFace) {
   }
   EXPECT_EQ(first_diff, ids.size()) << "first differing id at index " << first_diff;
   // Decoding gives the text back, except that a literal U+2581 decodes to a space.
-  std::string expected_text = corpus;
-  for (size_t pos = 0; (pos = expected_text.find("\u2581", pos)) != std::string::npos;) {
-    expected_text.replace(pos, 3, " ");
+  const std::string_view marker = "\u2581";
+  std::string expected_text;
+  for (size_t pos = 0; pos < corpus.size();) {
+    const size_t hit = std::min(corpus.find(marker, pos), corpus.size());
+    expected_text.append(corpus, pos, hit - pos);
+    if (hit < corpus.size()) expected_text.push_back(' ');
+    pos = hit + marker.size();
   }
   EXPECT_EQ(tok_->decode(ids, false), expected_text);
 }
@@ -526,6 +583,27 @@ TEST_F(GemmaTokenizer, PipelineVariantsMatchHuggingFace) {
   }
 }
 
+TEST_F(GemmaTokenizer, ConcurrentEncodesAgree) {
+  // encode() is const and shares the word cache between threads.
+  const std::string corpus = read_file(kGoldenDir / "gemma_corpus.txt");
+  std::vector<std::string> lines;
+  std::istringstream in(corpus.substr(0, 200000));
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  std::vector<std::vector<int32_t>> expected;
+  for (const std::string& line : lines) expected.push_back(tok_->encode(line, true));
+  std::vector<int> mismatches(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t i = static_cast<size_t>(t); i < lines.size(); i += 2) {
+        if (tok_->encode(lines[i], true) != expected[i]) ++mismatches[static_cast<size_t>(t)];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
+}
+
 // -------------------------------------------------------- byte-level goldens
 
 TEST(ByteLevelTokenizer, GoldenVariantsMatchHuggingFace) {
@@ -544,20 +622,24 @@ TEST(ByteLevelTokenizer, GoldenVariantsMatchHuggingFace) {
       ++checked;
       const std::string text = row["text"];
       SCOPED_TRACE(name + ": " + escaped(text).substr(0, 200));
+      // ids_with_special / decoded are stored only where they differ from ids / text.
+      const auto want_ids = ids_of(row["ids"]);
+      const auto want_with =
+          row.contains("ids_with_special") ? ids_of(row["ids_with_special"]) : want_ids;
+      const std::string want_decoded = row.value("decoded", text);
       const auto ids = tok.encode(text, false);
       const auto with = tok.encode(text, true);
       const std::string decoded = tok.decode(ids, false);
-      const bool ok = ids == ids_of(row["ids"]) && with == ids_of(row["ids_with_special"]) &&
-                      decoded == row["decoded"].get<std::string>() &&
+      const bool ok = ids == want_ids && with == want_with && decoded == want_decoded &&
                       stream_decode(tok, ids, false) == decoded;
       if (!ok && ++failures <= 5) {
-        EXPECT_EQ(ids, ids_of(row["ids"]));
-        EXPECT_EQ(with, ids_of(row["ids_with_special"]));
-        EXPECT_EQ(decoded, row["decoded"].get<std::string>());
+        EXPECT_EQ(ids, want_ids);
+        EXPECT_EQ(with, want_with);
+        EXPECT_EQ(decoded, want_decoded);
         EXPECT_EQ(stream_decode(tok, ids, false), decoded);
       }
     }
-    EXPECT_GT(checked, 300) << name;
+    EXPECT_GT(checked, 100) << name;
     EXPECT_EQ(failures, 0) << name << ": of " << checked;
   }
 }
@@ -566,7 +648,8 @@ TEST(ByteLevelTokenizer, StreamingHoldsPartialCharacters) {
   const fs::path file = kGoldenDir / "bytelevel" / "tokenizer.json";
   ASSERT_TRUE(fs::exists(file));
   const Tokenizer tok = Tokenizer::load(file.string());
-  const std::string text = "x \U0001F469\U0001F3FF\u200D\U0001F4BB \u4F60\u597D\u4E16\u754C \U0001F1EB\U0001F1F7";
+  const std::string text =
+      "x \U0001F469\U0001F3FF\u200D\U0001F4BB \u4F60\u597D\u4E16\u754C \U0001F1EB\U0001F1F7";
   const auto ids = tok.encode(text, false);
   EXPECT_GT(ids.size(), 10u);
   StreamingDecoder dec(tok);

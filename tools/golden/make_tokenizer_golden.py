@@ -20,7 +20,8 @@ Writes into --out:
   gemma_corpus.ids.bin     its ids (int32 little-endian, no special tokens)
   bytelevel/tokenizer.json a tiny GPT-2 style byte-level BPE trained here
   bytelevel/variants.json  pre-tokenizer swaps for it
-  bytelevel/cases.jsonl    variant, text, ids, ids_with_special, decoded
+  bytelevel/cases.jsonl    variant, text, ids, ids_with_special, decoded (the last
+                           two only where they differ from ids / text)
   hf_throughput.json       single-threaded encode MB/s of tokenizers on the corpus
 
 --dump-texts DIR writes only the texts (cases.json, corpus.txt) and needs no
@@ -319,6 +320,13 @@ def train_bytelevel(texts):
     return tok
 
 
+def bytelevel_texts(variant, cases, extra):
+    """All cases for the base variant; a third of the shorter ones for the others (keeps the file small)."""
+    if variant == "base":
+        return cases + extra
+    return [c for c in cases if len(c) <= 300][::3] + extra
+
+
 def hf_throughput(tok, corpus, reps):
     data = corpus.encode("utf-8")
     lines = corpus.split("\n")
@@ -438,11 +446,16 @@ def main():
     bl_rows = []
     for name, variant in BYTELEVEL_VARIANTS.items():
         vt = Tokenizer.from_str(apply_variant(bl_json, variant))
-        for text in cases + extra:
+        for text in bytelevel_texts(name, cases, extra):
             ids = vt.encode(text, add_special_tokens=False).ids
-            bl_rows.append({"variant": name, "text": text, "ids": ids,
-                            "ids_with_special": vt.encode(text, add_special_tokens=True).ids,
-                            "decoded": vt.decode(ids, skip_special_tokens=False)})
+            row = {"variant": name, "text": text, "ids": ids}
+            with_special = vt.encode(text, add_special_tokens=True).ids
+            if with_special != ids:
+                row["ids_with_special"] = with_special  # absent: same as ids
+            decoded = vt.decode(ids, skip_special_tokens=False)
+            if decoded != text:
+                row["decoded"] = decoded  # absent: same as text
+            bl_rows.append(row)
     with open(os.path.join(out, "bytelevel", "variants.json"), "w", encoding="utf-8") as f:
         json.dump(BYTELEVEL_VARIANTS, f, ensure_ascii=False, indent=1)
     write_jsonl(os.path.join(out, "bytelevel", "cases.jsonl"), bl_rows)

@@ -9,6 +9,8 @@
 
 namespace specula {
 
+CpuBackend::CpuBackend() = default;
+
 std::unique_ptr<Backend> make_cpu_backend() {
   return std::make_unique<CpuBackend>();
 }

@@ -2,13 +2,14 @@
 // CpuBackend: the reference implementation of every op in engine/ops/backend.h
 // (whose contract comments are the specification), with Hugging Face Gemma 4
 // numerics (gemma4-architecture.md §2, §4, §6). Activations are f32; weights
-// may be f32, bf16 or f16. Parallel over rows/heads with OpenMP; f32 GEMMs with
-// more than a few rows go to OpenBLAS.
+// may be f32, bf16 or f16. Parallel over rows/heads with OpenMP; matrix
+// products are our own fixed-order dot-product kernels (no BLAS).
 //
-// Determinism: every op computes each output row from its own input row(s) with
-// a fixed summation order, so a row's result does not depend on how many rows
-// share the call (for `linear` and the MoE experts up to cpu::kGemvMaxRows rows
-// per weight; larger calls use sgemm). Results do not depend on the thread count.
+// Determinism (batch invariance): every op computes each output row from its own
+// input row(s) with a fixed summation order, so a row's result does not depend
+// on how many rows share the call, nor on the thread count. Lossless speculation
+// depends on it: decode (1 row), verify (k + 1 rows) and batched rows must agree
+// bit for bit.
 //
 // Thread-safety: calls from several threads at once are safe; the only shared
 // state is a reusable scratch buffer that a concurrent caller does without.
@@ -21,7 +22,7 @@ namespace specula {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() = default;
+  CpuBackend();
   CpuBackend(const CpuBackend&) = delete;
   CpuBackend& operator=(const CpuBackend&) = delete;
 

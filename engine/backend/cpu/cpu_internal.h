@@ -118,10 +118,11 @@ class ScratchPool {
 
 // y[m, :] = x[m, :] · wᵀ for m in [0, m_rows); x rows are k floats apart, y rows
 // n floats apart (n = w.dim(0)); w [n, k] f32|bf16|f16 is already checked.
-// Up to kGemvMaxRows rows use a threaded dot-product kernel whose per-row result
-// does not depend on m_rows (decode and speculative verification agree bit for
-// bit); more rows go to OpenBLAS sgemm (bf16/f16 weights converted in blocks of
-// rows into `scratch`). Must not be called inside an OpenMP parallel region.
+// Every element is one fixed-order dot product, so a row's result does not
+// depend on m_rows (decode and speculative verification agree bit for bit). Up
+// to kGemvMaxRows rows stream each weight row once in chunks; more rows widen
+// each weight row once into `scratch` and dot it with every activation row.
+// Opens its own OpenMP region: call it from outside one.
 constexpr int64_t kGemvMaxRows = 8;
 void linear_rows(const float* x, int64_t m_rows, const Tensor& w, float* y, ScratchPool& scratch);
 

@@ -1,10 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// The CPU backend's innermost loops. They are written so GCC vectorises them
-// without -ffast-math (explicit lanes instead of a reassociated reduction), and
-// on x86-64 Linux each is also compiled for AVX2 and picked at load time, since
-// the build does not assume any instruction set beyond the baseline. Both
-// versions perform the same f32 operations in the same order, so results are
-// identical whichever one runs.
+// The CPU backend's innermost loops, written with explicit vectors and fixed
+// lanes (no reassociated reductions, no -ffast-math). On x86-64 Linux each is
+// also compiled for AVX2 and picked at load time, since the build assumes no
+// instruction set beyond the baseline. Both versions perform the same f32
+// operations in the same order, so results are identical whichever one runs.
 #include <cstring>
 
 #include "engine/backend/cpu/cpu_internal.h"
@@ -16,19 +15,58 @@
 #define SPECULA_CPU_CLONES
 #endif
 
-namespace specula::cpu {
+// The 32-byte vector helpers below are always inlined and internal to this file,
+// so the ABI note GCC gives for them (when AVX is off) does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
 
-SPECULA_CPU_CLONES void dot_accumulate(const float* __restrict a, const float* __restrict b,
-                                       int64_t n, float* __restrict lanes) {
-  // `acc` is only ever indexed by constants so it lives in vector registers; the
-  // tail goes straight to `lanes` (same per-lane order: main part, then tail).
-  float acc[kLanes];
-  for (int l = 0; l < kLanes; ++l) acc[l] = lanes[l];
+namespace specula::cpu {
+namespace {
+
+// GCC/Clang generic vectors: explicit 8-wide f32 arithmetic that compiles to
+// AVX in the AVX2 clone and to SSE pairs otherwise, at any optimisation level
+// (the auto-vectoriser is not relied on; RelWithDebInfo builds use -O2).
+typedef float F8 __attribute__((vector_size(32)));
+typedef uint32_t U32x8 __attribute__((vector_size(32)));
+typedef int32_t I32x8 __attribute__((vector_size(32)));
+typedef uint16_t U16x8 __attribute__((vector_size(16)));
+
+static_assert(kLanes == 32, "dot_accumulate keeps four 8-wide accumulators");
+
+[[gnu::always_inline]] inline F8 load8(const float* p) {
+  F8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+[[gnu::always_inline]] inline void store8(float* p, const F8& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+[[gnu::always_inline]] inline U32x8 load8_u16(const uint16_t* p) {
+  U16x8 h;
+  std::memcpy(&h, p, sizeof h);
+  return __builtin_convertvector(h, U32x8);
+}
+[[gnu::always_inline]] inline void store8_bits(float* p, const U32x8& bits) {
+  std::memcpy(p, &bits, sizeof bits);
+}
+
+}  // namespace
+
+SPECULA_CPU_CLONES void dot_accumulate(const float* a, const float* b, int64_t n, float* lanes) {
+  // Element i of the main part lands in lane i % 32: accumulator j holds lanes
+  // [8j, 8j + 8). The tail continues the same lanes in order.
+  F8 acc0 = load8(lanes), acc1 = load8(lanes + 8), acc2 = load8(lanes + 16),
+     acc3 = load8(lanes + 24);
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
+    acc0 += load8(a + i) * load8(b + i);
+    acc1 += load8(a + i + 8) * load8(b + i + 8);
+    acc2 += load8(a + i + 16) * load8(b + i + 16);
+    acc3 += load8(a + i + 24) * load8(b + i + 24);
   }
-  for (int l = 0; l < kLanes; ++l) lanes[l] = acc[l];
+  store8(lanes, acc0);
+  store8(lanes + 8, acc1);
+  store8(lanes + 16, acc2);
+  store8(lanes + 24, acc3);
   for (int l = 0; i < n; ++i, ++l) lanes[l] += a[i] * b[i];
 }
 
@@ -47,24 +85,38 @@ float dot(const float* a, const float* b, int64_t n) {
   return reduce_lanes(lanes);
 }
 
-SPECULA_CPU_CLONES void axpy(float alpha, const float* __restrict x, float* __restrict y,
-                             int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+SPECULA_CPU_CLONES void axpy(float alpha, const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store8(y + i, load8(y + i) + alpha * load8(x + i));
+  for (; i < n; ++i) y[i] += alpha * x[i];
 }
 
 namespace {
 
-SPECULA_CPU_CLONES void bf16_row_to_f32(const uint16_t* __restrict src, float* __restrict dst,
-                                        int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    const uint32_t bits = static_cast<uint32_t>(src[i]) << 16;
-    std::memcpy(dst + i, &bits, 4);
-  }
+SPECULA_CPU_CLONES void bf16_row_to_f32(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) store8_bits(dst + i, load8_u16(src + i) << 16);
+  for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
 }
 
-SPECULA_CPU_CLONES void f16_row_to_f32(const uint16_t* __restrict src, float* __restrict dst,
-                                       int64_t n) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = f16_bits_to_f32(src[i]);
+// The vector form of f16_bits_to_f32 (cpu_internal.h): same three cases.
+SPECULA_CPU_CLONES void f16_row_to_f32(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const U32x8 h = load8_u16(src + i);
+    const U32x8 exponent = h & 0x7c00u;
+    const U32x8 mantissa = h & 0x03ffu;
+    const U32x8 normal = ((h & 0x7fffu) << 13) + (112u << 23);
+    const U32x8 inf_nan = (mantissa << 13) | 0x7f800000u;
+    const F8 subnormal_value =
+        __builtin_convertvector(__builtin_convertvector(mantissa, I32x8), F8) * 0x1p-24f;
+    U32x8 subnormal;
+    std::memcpy(&subnormal, &subnormal_value, sizeof subnormal);
+    U32x8 bits = exponent == 0x7c00u ? inf_nan : (exponent == 0u ? subnormal : normal);
+    bits |= (h & 0x8000u) << 16;
+    store8_bits(dst + i, bits);
+  }
+  for (; i < n; ++i) dst[i] = f16_bits_to_f32(src[i]);
 }
 
 }  // namespace

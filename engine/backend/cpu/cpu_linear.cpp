@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // linear: y = x · wᵀ with f32 activations and f32/bf16/f16 weights.
-#include <cblas.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <limits>
@@ -14,11 +14,6 @@ namespace {
 // Weight elements converted per step of the GEMV kernel: a multiple of kLanes so
 // chunking does not change the summation order, small enough for the stack.
 constexpr int64_t kGemvChunk = 512;
-// Budget for one block of converted weight rows in the sgemm path (~16 MiB).
-constexpr int64_t kBlockFloats = int64_t{4} << 20;
-constexpr int64_t kMaxBlockRows = 256;
-constexpr int64_t kMinBlockRows = 16;
-
 // Few activation rows: the cost is reading w once, so each weight row is
 // converted chunk by chunk and dotted with every activation row while hot.
 // Parallel over weight rows; every y element is one thread's fixed-order sum.
@@ -48,33 +43,39 @@ void gemv_rows(const float* x, int64_t m_rows, const Tensor& w, float* y) {
   }
 }
 
-// Many activation rows: compute-bound, so hand it to sgemm. bf16/f16 weights are
-// widened block by block into the scratch buffer first (in parallel, and outside
-// any BLAS call: OpenBLAS must not run inside an OpenMP region).
-void gemm_rows(const float* x, int64_t m_rows, const Tensor& w, float* y, ScratchPool& scratch) {
+// Many activation rows. Every y element is still one fixed-order dot product
+// (dot_accumulate over the whole of K, then reduce_lanes), exactly as in
+// gemv_rows: a row's result never depends on how many rows share the call.
+// Speculation relies on that (decode computes 1 row, verify k + 1 rows, batched
+// rows many more, and greedy output must be identical), which is why this path
+// does not hand large products to sgemm, whose blocking varies with M.
+// Parallel over weight rows: each row is widened once into the thread's slice
+// of `scratch` and dotted with every activation row while it is hot.
+void dot_rows(const float* x, int64_t m_rows, const Tensor& w, float* y, ScratchPool& scratch) {
   const int64_t n = w.dim(0);
   const int64_t k = w.dim(1);
-  const auto m = static_cast<blasint>(m_rows);
-  const auto ldk = static_cast<blasint>(k);
-  if (w.dtype() == DType::kF32) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, static_cast<blasint>(n), ldk, 1.0f, x,
-                ldk, w.data_as<const float>(), ldk, 0.0f, y, static_cast<blasint>(n));
-    return;
-  }
-  const int64_t block = std::min(n, std::clamp(kBlockFloats / k, kMinBlockRows, kMaxBlockRows));
-  ScratchPool::Lease lease(scratch, static_cast<size_t>(block * k));
-  float* converted = lease.data();
   const DType dtype = w.dtype();
+  const bool widen = dtype != DType::kF32;
+  const int team = omp_get_max_threads();
+  ScratchPool::Lease lease(scratch, widen ? static_cast<size_t>(team) * static_cast<size_t>(k) : 0);
+  float* widened = lease.data();
   const size_t elt = dtype_size(dtype);
   const auto* base = static_cast<const char*>(w.data());
-  for (int64_t n0 = 0; n0 < n; n0 += block) {
-    const int64_t rows = std::min(block, n - n0);
-#pragma omp parallel for schedule(static) if (worth_parallel(rows * k))
-    for (int64_t r = 0; r < rows; ++r) {
-      to_f32(base + static_cast<size_t>((n0 + r) * k) * elt, dtype, converted + r * k, k);
+#pragma omp parallel for schedule(static) num_threads(team) if (worth_parallel(m_rows * n * k))
+  for (int64_t r = 0; r < n; ++r) {
+    const float* wr;
+    if (widen) {
+      float* buf = widened + static_cast<int64_t>(omp_get_thread_num()) * k;
+      to_f32(base + static_cast<size_t>(r * k) * elt, dtype, buf, k);
+      wr = buf;
+    } else {
+      wr = w.data_as<const float>() + r * k;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, static_cast<blasint>(rows), ldk, 1.0f,
-                x, ldk, converted, ldk, 0.0f, y + n0, static_cast<blasint>(n));
+    for (int64_t m = 0; m < m_rows; ++m) {
+      float lanes[kLanes] = {};
+      dot_accumulate(x + m * k, wr, k, lanes);
+      y[m * n + r] = reduce_lanes(lanes);
+    }
   }
 }
 
@@ -91,7 +92,7 @@ void linear_rows(const float* x, int64_t m_rows, const Tensor& w, float* y, Scra
   if (m_rows <= kGemvMaxRows) {
     gemv_rows(x, m_rows, w, y);
   } else {
-    gemm_rows(x, m_rows, w, y, scratch);
+    dot_rows(x, m_rows, w, y, scratch);
   }
 }
 
@@ -115,10 +116,6 @@ void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   if (y.dim(0) != x.dim(0) || y.dim(1) != w.dim(0)) {
     fail("linear: y {} must be f32[{}, {}] for x {} and w {}", y.describe(), x.dim(0), w.dim(0),
          x.describe(), w.describe());
-  }
-  constexpr int64_t kBlasMax = std::numeric_limits<blasint>::max();
-  if (x.dim(0) > kBlasMax || w.dim(0) > kBlasMax || w.dim(1) > kBlasMax) {
-    fail("linear: x {} and w {} exceed the BLAS index range", x.describe(), w.describe());
   }
   cpu::check_no_alias(kOp, "y", y, "x", x);
   cpu::check_no_alias(kOp, "y", y, "w", w);

@@ -27,12 +27,14 @@ struct RopeConfig {
 // Per-layer geometry derived from the config (see gemma4-architecture.md §1, §5).
 struct LayerSpec {
   LayerType type = LayerType::kSliding;
-  int head_dim = 0;       // Ds for sliding layers, Df for full layers
-  int n_kv_heads = 0;     // num_global_key_value_heads on k_eq_v full layers
-  bool k_eq_v = false;    // full layer without v_proj: V derives from the K projection
-  bool kv_shared = false; // reads the donor's K/V instead of projecting its own
-  int kv_donor = -1;      // for shared layers: index of the donor layer; else the layer itself
-  bool is_donor = false;  // last non-shared layer of its type (feeds shared layers and drafters)
+  int head_dim = 0;        // Ds for sliding layers, Df for full layers
+  int n_kv_heads = 0;      // num_global_key_value_heads on k_eq_v full layers
+  bool k_eq_v = false;     // full layer without v_proj: V derives from the K projection
+  bool kv_shared = false;  // reads the donor's K/V instead of projecting its own
+  int kv_donor = -1;       // for shared layers: index of the donor layer; else the layer itself.
+                           // -1 when every layer is shared (assistant drafter): K/V come from
+                           // another model.
+  bool is_donor = false;   // last non-shared layer of its type (feeds shared layers and drafters)
   int intermediate_size = 0;  // doubled on shared layers when use_double_wide_mlp
 };
 
@@ -63,7 +65,7 @@ struct Gemma4Config {
   RopeConfig rope_full{RopeConfig::Kind::kProportional, 1000000.0, 0.25, 1.0};
   bool attention_bias = false;
   int sliding_window = 512;
-  std::vector<LayerType> layer_types;
+  std::vector<LayerType> layer_types;  // empty: HF's default 5:1 pattern; last layer forced full
   std::optional<double> final_logit_softcapping;
   int vocab_size_per_layer_input = 262144;
   int hidden_size_per_layer_input = 256;  // 0 disables per-layer embeddings
@@ -82,10 +84,13 @@ struct Gemma4Config {
   int full_donor = -1;         // last non-shared full layer (-1 if none)
 
   // Validates the fields and derives `layers` and the donors. Throws an Error
-  // naming `origin` (the config file) and the offending field and value.
+  // naming `origin` (the config file) and the offending field and value. Usable
+  // on a hand-built config (tests, goldens) as well as a parsed one.
   void finalize(const std::string& origin);
   bool has_ple() const { return hidden_size_per_layer_input > 0; }
-  int donor_of_type(LayerType t) const { return t == LayerType::kSliding ? sliding_donor : full_donor; }
+  int donor_of_type(LayerType t) const {
+    return t == LayerType::kSliding ? sliding_donor : full_donor;
+  }
 };
 
 // Parses the text-decoder config out of a config.json object. `origin` names

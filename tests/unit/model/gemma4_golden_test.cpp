@@ -7,7 +7,7 @@
 
 #include "engine/io/safetensors.h"
 #include "engine/model/gemma4/gemma4.h"
-#include "engine/runtime/generate.h"
+#include "engine/spec/decoder.h"
 #include "tests/unit/model/golden_util.h"
 
 namespace specula {
@@ -80,11 +80,12 @@ TEST_P(Gemma4Golden, PrefillMatchesTransformers) {
 TEST_P(Gemma4Golden, GreedyGenerationMatchesTransformers) {
   const std::vector<int32_t> ids = to_ids(expected("input_ids"));
   const std::vector<int32_t> want = to_ids(expected("generate_ids"));
-  GenerateOptions options;
-  options.max_tokens = static_cast<int>(want.size() - ids.size());
-  GenerateResult got = generate_greedy(*model_, ids, options);
+  spec::DecodeRequest request{.prompt = ids};
+  request.params.temperature = 0;
+  request.params.max_tokens = static_cast<int>(want.size() - ids.size());
+  const auto got = spec::decode(*model_, nullptr, std::span(&request, 1), {});
   std::vector<int32_t> full = ids;
-  full.insert(full.end(), got.tokens.begin(), got.tokens.end());
+  full.insert(full.end(), got[0].tokens.begin(), got[0].tokens.end());
   EXPECT_EQ(full, want);
 }
 

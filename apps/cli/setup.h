@@ -1,0 +1,64 @@
+// SPDX-License-Identifier: Apache-2.0
+// What several verbs share: model/drafter/tokenizer options and loading,
+// sampling options, the draft schedule, and the summary line.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/draft/assistant/assistant_drafter.h"
+#include "engine/model/gemma4/gemma4.h"
+#include "engine/sampling/sampling_params.h"
+#include "engine/spec/decoder.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace specula::cli {
+
+struct ModelArgs {
+  std::string model;      // empty: the embedded default
+  std::string draft;      // empty: the default's drafter when the model is the default
+  bool no_draft = false;
+  std::string tokenizer;  // empty: the model directory
+  int64_t ctx_size = 4096;
+  int threads = 0;
+};
+
+// Everything a verb runs on. The drafter is null without speculation.
+struct LoadedModels {
+  std::unique_ptr<gemma4::Gemma4Model> target;
+  std::unique_ptr<assistant::AssistantDrafter> drafter;
+  std::unique_ptr<assistant::AssistantDraftSource> draft_source;
+  std::optional<Tokenizer> tokenizer;
+  std::string model_dir, draft_dir;
+};
+
+void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft);
+// Loads the target (and drafter and tokenizer when asked), reporting progress
+// on stderr unless quiet.
+LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_tokenizer, bool quiet);
+
+struct SamplingArgs {
+  SamplingParams params;
+  std::vector<int32_t> stop_ids;
+  bool ignore_eos = false;
+};
+void add_sampling_options(CLI::App* cmd, SamplingArgs& args, int default_max_tokens);
+// The request's params: CLI values plus EOS ids from the tokenizer or the model config.
+SamplingParams sampling_params(const SamplingArgs& args, const LoadedModels& models);
+
+void add_draft_options(CLI::App* cmd, spec::DraftSchedule& schedule);
+
+// Parses "1,2,3" (spaces allowed) into token ids; an Error names the bad item.
+std::vector<int32_t> parse_id_list(const std::string& text, const char* flag);
+void set_threads(int threads);
+
+// "prompt 12 tokens, prefill 850.1 tok/s | generated 64 tokens, decode 95.2 tok/s |
+//  drafted 80, accepted 52 (65.0%), tau 3.1"
+std::string summary_line(const spec::DecodeStats& stats, bool speculative);
+nlohmann::json stats_json(const spec::DecodeStats& stats, bool speculative);
+
+}  // namespace specula::cli
