@@ -1032,6 +1032,13 @@ def model_card(res):
     def f(x, nd=3):
         return "n/a" if x is None else f"{x:.{nd}f}"
 
+    tt = t["training"]
+    best = next((h for h in tt["history"] if h["step"] == tt["best_step"]), None)
+    best_tokens = best["tokens"] if best else tt["tokens"]
+    best_epochs = best_tokens / max(tk["tokens"]["train"], 1)
+    budgets = res.get("budgets", {})
+    tau = sp.get("tau")
+
     lines = [
         "# specula embedded default models: gemma4-tiny-py + gemma4-tiny-py-assistant",
         "",
@@ -1063,13 +1070,13 @@ def model_card(res):
         "proportional (partial 0.25) θ 1e6, tied embeddings, `max_position_embeddings` 4096 (trained at",
         f"context {CTX}: quality beyond that is untested).",
         "",
-        f"Training: {t['training']['steps']} steps of {t['training']['batch']} x {CTX} tokens "
-        f"({t['training']['tokens'] / 1e6:.0f}M tokens, {t['training']['epochs']} epochs of the training split) in "
-        f"{t['training']['seconds']:.0f} s on one {res['versions']['device']}; AdamW (fused, betas 0.9/0.95, weight "
-        f"decay {t['training']['weight_decay']}), peak LR {t['training']['peak_lr']}, warmup "
-        f"{t['training']['warmup_steps']} steps, cosine by wall time, bf16 autocast, residual dropout "
-        f"{t['training']['dropout']} (training only), early stopping on the validation split (best at step "
-        f"{t['training']['best_step']}).",
+        f"Training: {tt['steps']} steps of {tt['batch']} x {CTX} tokens ({tt['tokens'] / 1e6:.0f}M tokens, "
+        f"{tt['epochs']} epochs of the training split) in {tt['seconds']:.0f} s on one {res['versions']['device']}; "
+        f"AdamW (fused, betas 0.9/0.95, weight decay {tt['weight_decay']}), peak LR {tt['peak_lr']}, warmup "
+        f"{tt['warmup_steps']} steps, cosine by wall time, bf16 autocast, residual dropout {tt['dropout']} "
+        f"(training only). **The saved weights are the best validation checkpoint, step {tt['best_step']}** "
+        f"({best_tokens / 1e6:.0f}M tokens, about {best_epochs:.0f} epochs); later steps only overfitted "
+        "(see Limitations).",
         "",
         f"**Held-out cross-entropy: {f(t['heldout_ce'])} nats/token** on `heldout.txt` "
         f"({t['heldout_tokens']:,} tokens, fp32 compute from the bf16 weights; validation "
@@ -1125,12 +1132,30 @@ def model_card(res):
         f"({c['counts']['train']} files, {c['chars']['train'] / 1e6:.1f}M characters). Built by",
         "`tools/train/build_corpus.py` (deterministic; `manifest.json` lists files and sha256s).",
         "",
+        "## Limitations",
+        "",
+        f"- The corpus is small ({tk['tokens']['train'] / 1e6:.1f}M training tokens) for {t['params'] / 1e6:.1f}M "
+        "parameters: validation loss bottomed out after about "
+        f"{best_epochs:.0f} epochs and rose afterwards while the training loss kept falling (memorisation), so most "
+        "of the target's budget was spent on steps that early stopping discarded. More data or stronger "
+        "regularisation would help more than more steps.",
+        f"- τ = {f(tau, 2)} at K = 4 on held-out prompts"
+        + ("" if tau is None or tau >= 2.5 else f", short of the 2.5 goal by {2.5 - tau:.2f}") + ". The drafter "
+        "reached about 87% top-1 agreement on its (teacher-forced, training-prompt) pool but 56% first-draft "
+        "acceptance on held-out prompts: a larger and more varied pool (more prompts, held-out-like text, "
+        "shorter continuations) is the first thing to try.",
+        f"- Wall-time budgets of this run: target {budgets.get('target_seconds', 'n/a')} s, drafter "
+        f"{budgets.get('drafter_seconds_planned', 'n/a')} s (scaled down from the requested "
+        f"{res['args']['target_minutes']} / {res['args']['drafter_minutes']} minutes to fit the device-time "
+        "deadline).",
+        "- Trained at context 512; nothing was checked beyond it.",
+        "",
         "## Reproduce",
         "",
         "    python3 tools/train/build_corpus.py                # here: writes .carry/corpus/",
         "    python3 tools/train/train_family.py --corpus .carry/corpus --out . --pack-dir $OUT \\",
         f"        --target-minutes {res['args']['target_minutes']} --drafter-minutes {res['args']['drafter_minutes']} "
-        f"--seed {res['args']['seed']}",
+        f"--seed {res['args']['seed']} --deadline-seconds {res['args']['deadline_seconds']:.0f}",
         "",
         f"Versions: {', '.join(f'{k} {v}' for k, v in res['versions'].items())}. Wall-time budgets make runs",
         "not bit-reproducible (the number of steps depends on speed). Goldens for the C++ engine:",

@@ -97,6 +97,15 @@ std::unique_ptr<Gemma4Model> Gemma4Model::load(const std::string& path, const Lo
   m->path_ = path;
   m->config_ = load_gemma4_config(path);
   const Gemma4Config& c = m->config_;
+  if (c.first_shared_layer == 0) {
+    fail("{}: every layer is KV-shared (num_kv_shared_layers {} == num_hidden_layers): a target model needs "
+         "layers that compute K/V (is this an assistant drafter?)",
+         path, c.num_kv_shared_layers);
+  }
+  if (!c.tie_word_embeddings) {
+    fail("{}: tie_word_embeddings is false; Gemma 4 ties lm_head to embed_tokens and specula supports only that",
+         path);
+  }
   m->checkpoint_ = std::make_unique<io::Checkpoint>(path);
   io::WeightTable table;
   declare_gemma4_weights(c, &m->weights_, &table);

@@ -194,3 +194,50 @@ TEST(Gemma4GoldenBf16, Bf16CheckpointMatchesTransformersBf16) {
 
 }  // namespace
 }  // namespace specula
+
+namespace specula {
+namespace {
+
+TEST(Gemma4Load, RejectsAnAssistantCheckpointAsTarget) {
+  if (!testing::golden_exists("e2b_like_assistant")) GTEST_SKIP();
+  try {
+    (void)gemma4::Gemma4Model::load(testing::golden_dir("e2b_like_assistant"));
+    FAIL() << "an assistant checkpoint must not load as a target";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config.json"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Gemma4Load, TokenOutsideTheVocabularyIsRejectedBeforeTouchingTheCache) {
+  if (!testing::golden_exists("dense_kev")) GTEST_SKIP();
+  auto model = gemma4::Gemma4Model::load(testing::golden_dir("dense_kev"));
+  SequenceKv kv = model->new_sequence();
+  const std::vector<int32_t> bad = {5, 6, 9999};
+  gemma4::ForwardRow row{.kv = &kv, .tokens = bad};
+  try {
+    model->forward(std::span(&row, 1));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("9999"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(kv.length(), 0);
+}
+
+TEST(Gemma4Load, PromptLongerThanTheContextIsAClearError) {
+  if (!testing::golden_exists("dense_kev")) GTEST_SKIP();
+  gemma4::LoadOptions options;
+  options.max_context = 8;
+  auto model = gemma4::Gemma4Model::load(testing::golden_dir("dense_kev"), options);
+  SequenceKv kv = model->new_sequence();
+  const std::vector<int32_t> long_prompt(9, 5);
+  gemma4::ForwardRow row{.kv = &kv, .tokens = long_prompt};
+  try {
+    model->forward(std::span(&row, 1));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("context size of 8"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace specula
