@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the main job: `specula generate`
-# on the default model. Until the embedded default family ships (models/), the
-# default is the tiny Gemma 4 (E2B-shaped) parity fixture in tests/golden/e2b_like.
+# on the embedded default family (models/: a small Gemma 4 trained on the
+# Python standard library, with its assistant drafter, so speculation is on),
+# streaming a continuation of a Python prompt and a summary line with the
+# acceptance rate and tau. Extra arguments go to `specula generate`.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash scripts/setup.sh
+echo "building specula ..." >&2
 bash scripts/build.sh build >/dev/null
-model=${SPECULA_MODEL:-tests/golden/e2b_like}
-exec ./build/apps/specula generate --model "$model" --prompt-ids "${SPECULA_PROMPT_IDS:-2,17,42,99,7,23,64,5}" \
-  --max-tokens "${SPECULA_MAX_TOKENS:-32}" "$@"
+prompt=${SPECULA_PROMPT:-$'import os\nimport sys\n\n\ndef main(argv):\n    """'}
+exec ./build/apps/specula generate --prompt "$prompt" --max-tokens "${SPECULA_MAX_TOKENS:-96}" "$@"

@@ -98,6 +98,8 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     if (drafter && !req.params.greedy()) r.q.resize(static_cast<size_t>(max_k) * static_cast<size_t>(V));
     r.result.finish_reason = "length";
     r.result.stats.prompt_tokens = static_cast<int64_t>(req.prompt.size());
+    r.result.stats.round_drafted.reserve(static_cast<size_t>(req.params.max_tokens));
+    r.result.stats.round_accepted.reserve(static_cast<size_t>(req.params.max_tokens));
     rows.push_back(std::move(r));
   }
   SamplingWorkspace ws(V);
@@ -271,6 +273,8 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       for (int j = 0; j < n; ++j) ++st.accepted_at[static_cast<size_t>(j)];
       st.drafted += k;
       st.accepted += n;
+      st.round_drafted.push_back(k);
+      st.round_accepted.push_back(n);
 
       // Keep [pending, d1..dn] in the cache; the new pending token heads the next window.
       r.kv.truncate(pos0[a] + 1 + n);

@@ -44,6 +44,7 @@ struct DecodeStats {
   int64_t drafted = 0;
   int64_t accepted = 0;
   std::vector<int64_t> drafted_at, accepted_at;  // per draft position (0 = first draft)
+  std::vector<int32_t> round_drafted, round_accepted;  // per verify round, in order (one request only)
   double prefill_seconds = 0;
   double decode_seconds = 0;
 
