@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Bad input through the real binary: each case must exit with status 1 (a
+# clean error, never a crash or a signal) and name the offending thing.
+# Usage: errors.sh SPECULA_BINARY SOURCE_DIR
+set -uo pipefail
+specula=$1
+src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0
+failed=0
+
+expect_error() {  # name, expected substring, command...
+  local name=$1 want=$2
+  shift 2
+  local out status
+  out=$("$@" 2>&1 </dev/null)
+  status=$?
+  if [[ $status -eq 1 && $out == *"$want"* ]]; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAIL $name: status $status, expected 1 and output containing '$want'; got: $out"
+  fi
+}
+
+fixture=$src/tests/golden/dense_kev
+expect_error missing-model "/nonexistent/model" "$specula" generate --model /nonexistent/model --prompt-ids 1,2
+expect_error bad-ids "'abc'" "$specula" generate --model "$fixture" --prompt-ids 1,2,abc
+expect_error id-outside-vocab "9999" "$specula" generate --model "$fixture" --prompt-ids 1,9999
+expect_error prompt-too-long "context size of 8" "$specula" generate --model "$fixture" --ctx-size 8 \
+  --prompt-ids 3,4,5,6,7,8,9,10,11 --max-tokens 1
+expect_error invalid-utf8 "UTF-8" "$specula" generate --prompt $'def f():\xff\xfe' --max-tokens 4
+
+mkdir -p "$tmp/llama"
+echo '{"model_type": "llama", "hidden_size": 64}' >"$tmp/llama/config.json"
+expect_error unknown-model-type "llama" "$specula" generate --model "$tmp/llama" --prompt-ids 1,2
+
+mkdir -p "$tmp/truncated"
+cp "$fixture/config.json" "$tmp/truncated/"
+head -c 2000 "$fixture/model.safetensors" >"$tmp/truncated/model.safetensors"
+expect_error truncated-checkpoint "model.safetensors" "$specula" generate --model "$tmp/truncated" --prompt-ids 1,2
+
+printf '{"model": {"type": "BPE", "vocab": ' >"$tmp/tokenizer.json"
+expect_error malformed-tokenizer "tokenizer.json" "$specula" tokenize --tokenizer "$tmp/tokenizer.json" --text hi
+
+expect_error wrong-drafter "dense_kev_assistant" "$specula" generate --model "$src/tests/golden/e2b_like" \
+  --draft "$src/tests/golden/dense_kev_assistant" --prompt-ids 1,2
+expect_error bad-temperature "temperature" "$specula" generate --model "$fixture" --prompt-ids 1,2 --temperature -1
+
+echo "cli errors: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]
