@@ -10,6 +10,11 @@ cd "$root"
 bash scripts/setup.sh
 if [[ -f scripts/fetch_test_data.sh ]]; then bash scripts/fetch_test_data.sh >/dev/null; fi
 jobs=${SPECULA_JOBS:-$(nproc)}
+# ctest runs `jobs` test processes at once: give each one OpenMP thread, or the
+# spinning thread teams oversubscribe the cores and every parallel region
+# stalls (results do not depend on the thread count; the kernels are
+# thread-count invariant).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 echo "== build (Release)"
 bash scripts/build.sh build

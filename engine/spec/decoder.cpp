@@ -160,6 +160,12 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
   std::vector<DraftRow> draft_rows;
   std::vector<size_t> draft_owner;
   std::vector<int32_t> verify_tokens;
+  std::vector<int64_t> pos0;
+  active.reserve(rows.size());
+  fwd.reserve(rows.size());
+  pos0.reserve(rows.size());
+  draft_rows.reserve(rows.size());
+  draft_owner.reserve(rows.size());
   while (true) {
     active.clear();
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -226,7 +232,7 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
                      .tokens = std::span<const int32_t>(verify_tokens.data() + begin, 1 + r.drafts.size()),
                      .all_logits = true});
     }
-    std::vector<int64_t> pos0(active.size());
+    pos0.resize(active.size());
     for (size_t a = 0; a < active.size(); ++a) pos0[a] = rows[active[a]].kv.length();
     const gemma4::ForwardOutput& out = target.forward(fwd);
 

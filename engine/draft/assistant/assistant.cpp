@@ -185,6 +185,13 @@ std::unique_ptr<AssistantDrafter> AssistantDrafter::load(const std::string& path
       d->ordering_[static_cast<size_t>(i)] = static_cast<int32_t>(id);
     }
   }
+  if (has_centroids) {
+    const int64_t n_cand = int64_t{c.centroid_intermediate_top_k} * (t.vocab_size / c.num_centroids);
+    d->candidates_ = HostTensor(DType::kI32, {n_cand});
+    d->candidate_rows_ = HostTensor(DType::kF32, {n_cand, Ha});
+    d->candidate_scores_ = HostTensor(DType::kF32, {1, n_cand});
+    d->centroid_order_.resize(static_cast<size_t>(c.num_centroids));
+  }
   d->inv_freq_sliding_ = gemma4::rope_inv_freq(t.rope_sliding, t.head_dim);
   d->inv_freq_full_ = gemma4::rope_inv_freq(t.rope_full, t.global_head_dim);
   return d;
@@ -287,14 +294,17 @@ void AssistantDrafter::centroid_logits(const Tensor& h, const Tensor& logits) {
   const int64_t B = h.dim(0), Ha = h.dim(1);
   const int64_t G = config_.num_centroids, K = config_.centroid_intermediate_top_k;
   const int64_t per = config_.text.vocab_size / G;
-  HostTensor scores(DType::kF32, {B, G});
-  HostTensor cand(DType::kI32, {K * per});
-  HostTensor rows(DType::kF32, {K * per, Ha});
-  HostTensor cand_scores(DType::kF32, {1, K * per});
+  if (centroid_scores_.view().empty() || centroid_scores_.shape()[0] < B) {
+    centroid_scores_ = HostTensor(DType::kF32, {B, G});
+  }
+  Tensor scores = centroid_scores_.view().slice_rows(0, B);
+  const HostTensor& cand = candidates_;
+  const HostTensor& rows = candidate_rows_;
+  const HostTensor& cand_scores = candidate_scores_;
+  std::vector<int32_t>& order = centroid_order_;
   be.linear(h, weights_.centroids, scores);
-  std::vector<int32_t> order(static_cast<size_t>(G));
   for (int64_t b = 0; b < B; ++b) {
-    const float* sc = scores.data<float>() + b * G;
+    const float* sc = scores.data_as<const float>() + b * G;
     std::iota(order.begin(), order.end(), 0);
     // torch.topk order: descending score, lower index first among equals.
     std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t x, int32_t y) {

@@ -92,6 +92,12 @@ class AssistantDrafter {
   Backend* backend_ = nullptr;
   HostTensor inv_freq_sliding_, inv_freq_full_;
   Arena arena_;
+  // Centroid-head scratch, sized at load (steps allocate nothing).
+  HostTensor centroid_scores_;  // f32 [B_max, G], regrown if a step has more rows
+  HostTensor candidates_;       // i32 [K · V/G]
+  HostTensor candidate_rows_;   // f32 [K · V/G, Ha]
+  HostTensor candidate_scores_; // f32 [1, K · V/G]
+  std::vector<int32_t> centroid_order_;  // [G]
 };
 
 }  // namespace specula::assistant
