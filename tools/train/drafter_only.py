@@ -307,8 +307,8 @@ def run(tf, args):
         entry = next(p for p in gold_prompts if p["index"] == i)
         entry.update(rounds=len(rounds[0]), accepted=sum(n for _, n in rounds[0]), spec_equals_greedy=gen[0] == ref)
         if gen[0] != ref:
-            diff = next(j for j, (a, b) in enumerate(zip(gen[0], ref)) if a != b)
-            entry["spec_first_difference"] = dict(new_token_index=diff, spec=gen[0][diff], golden=ref[diff])
+            diff = next((j for j, (a, b) in enumerate(zip(gen[0], ref)) if a != b), min(len(gen[0]), len(ref)))
+            entry["spec_first_difference"] = dict(new_token_index=diff, spec=gen[0][diff:diff + 1], golden=ref[diff:diff + 1])
             log(f"WARNING golden prompt {i}: speculative tokens differ from generate_ids at new token {diff}")
         log(f"golden {i}: accepted {exp[f'spec_accepted.{i}'].tolist()}")
     if not prompts_match:

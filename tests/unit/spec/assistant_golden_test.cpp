@@ -9,6 +9,8 @@
 #include <cstring>
 
 #include "engine/draft/assistant/assistant.h"
+#include "engine/draft/assistant/assistant_drafter.h"
+#include "engine/spec/decoder.h"
 #include "engine/io/safetensors.h"
 #include "engine/model/gemma4/gemma4.h"
 #include "tests/unit/model/golden_util.h"
@@ -73,6 +75,26 @@ TEST_P(AssistantGolden, DraftStepsAfterPrefillMatchTransformers) {
     std::memcpy(hidden.data<float>(), s.next_hidden.data(), s.next_hidden.nbytes());
   }
   std::printf("[ parity ] %s worst relative error %.3g\n", c.drafter, worst);
+}
+
+TEST_P(AssistantGolden, AssistedGreedyGenerationReproducesTransformers) {
+  const DrafterCase c = GetParam();
+  if (!testing::golden_exists(c.target) || !testing::golden_exists(c.drafter)) GTEST_SKIP();
+  auto target = gemma4::Gemma4Model::load(golden_dir(c.target));
+  auto drafter = assistant::AssistantDrafter::load(golden_dir(c.drafter), target->config(), target->backend());
+  assistant::AssistantDraftSource source(*target, *drafter);
+  io::SafetensorsFile want(golden_dir(c.drafter) + "/expected.safetensors");
+  const std::vector<int32_t> prompt = to_ids(want.get("input_ids"));
+  const std::vector<int32_t> assisted = to_ids(want.get("assisted_ids"));
+  spec::DecodeRequest req{.prompt = prompt, .params = {}};
+  req.params.temperature = 0;
+  req.params.max_tokens = static_cast<int>(assisted.size() - prompt.size());
+  // transformers' generate(assistant_model=...) used 6 draft tokens per round.
+  const auto got = spec::decode(*target, &source, std::span(&req, 1), {.draft_tokens = 6}).front();
+  std::vector<int32_t> full = prompt;
+  full.insert(full.end(), got.tokens.begin(), got.tokens.end());
+  EXPECT_EQ(full, assisted);
+  EXPECT_GT(got.stats.accepted, 0) << "the trained fixture drafter should get drafts accepted";
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, AssistantGolden,
