@@ -10,12 +10,14 @@ specula=$build/apps/specula
 [[ -x $specula ]] || { echo "build first: scripts/build.sh" >&2; exit 1; }
 echo "# $(date -u +%Y-%m-%dT%H:%MZ) $(git -C "$root" rev-parse --short HEAD) $(nproc) cores: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 if [[ -d $root/models/gemma4-tiny-py ]]; then
-  heldout=$(mktemp)
-  # Held-out files of the training split (models/README.md): every 20th stdlib file.
-  dpkg -L libpython3.11-stdlib 2>/dev/null | grep '\.py$' | sort | awk 'NR % 20 == 0' | head -40 | xargs cat >"$heldout"
+  # The held-out split of the training corpus (files the models never saw),
+  # rebuilt by the same deterministic script that made the training data.
+  corpus=$(mktemp -d)
+  python3 "$root/tools/train/build_corpus.py" --out "$corpus" >/dev/null
+  heldout=$corpus/heldout.txt
   echo "## embedded family (gemma4-tiny-py + assistant), greedy, 128-token prompts, 128 new tokens"
-  "$specula" bench --prompt-file "$heldout" --prompt-tokens 128 --gen-tokens 128 --batch 1 4 -k 1 2 3 4 6 8 2>/dev/null
-  rm -f "$heldout"
+  "$specula" bench --prompt-file "$heldout" --prompt-tokens 128 --gen-tokens 128 --batch 1 4 -k 1 2 3 4 6 2>/dev/null
+  rm -rf "$corpus"
 fi
 for pair in "e2b_like e2b_like_assistant" "dense_kev dense_kev_assistant"; do
   set -- $pair

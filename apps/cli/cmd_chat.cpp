@@ -25,26 +25,34 @@ struct ChatArgs {
 };
 
 void run_chat(const ChatArgs& args) {
-  LoadedModels m = load_models(args.model, /*with_draft=*/true, /*with_tokenizer=*/true, args.quiet);
+  LoadedModels m =
+      load_models(args.model, /*with_draft=*/true, /*with_tokenizer=*/true, args.quiet);
   SamplingParams params = sampling_params(args.sampling, m);
   // A model turn ends with the end-of-turn token.
-  if (auto end_turn = m.tokenizer->token_to_id("<turn|>")) params.stop_token_ids.push_back(*end_turn);
+  if (auto end_turn = m.tokenizer->token_to_id("<turn|>"))
+    params.stop_token_ids.push_back(*end_turn);
   ChatOptions options;
   // The edge models (E2B/E4B) carry per-layer embeddings; their template differs slightly.
-  options.family = m.target->config().has_ple() ? ChatTemplateFamily::kEdge : ChatTemplateFamily::kLarge;
+  options.family =
+      m.target->config().has_ple() ? ChatTemplateFamily::kEdge : ChatTemplateFamily::kLarge;
   // specula renders the released Gemma 4 template natively; say so when the
   // checkpoint ships another one (or none), and follow its flavour when known.
   const ChatTemplateCheck check = check_checkpoint_chat_template(m.model_dir);
-  if (check.status == ChatTemplateCheck::Status::kCurrent || check.status == ChatTemplateCheck::Status::kOlderOfficial) {
+  if (check.status == ChatTemplateCheck::Status::kCurrent ||
+      check.status == ChatTemplateCheck::Status::kOlderOfficial) {
     options.family = check.family;
   }
-  if (!args.quiet && check.status != ChatTemplateCheck::Status::kCurrent) fmt::print(stderr, "note: {}\n", check.message);
-  if (auto bos = m.tokenizer->bos_id()) options.bos_token = m.tokenizer->id_to_token(*bos).value_or("<bos>");
+  if (!args.quiet && check.status != ChatTemplateCheck::Status::kCurrent)
+    fmt::print(stderr, "note: {}\n", check.message);
+  if (auto bos = m.tokenizer->bos_id())
+    options.bos_token = m.tokenizer->id_to_token(*bos).value_or("<bos>");
 
   std::vector<ChatMessage> messages;
   if (!args.system.empty()) messages.push_back(ChatMessage::text("system", args.system));
   const bool tty = isatty(STDIN_FILENO);
-  if (!args.quiet) fmt::print(stderr, "chat: type a message; /reset clears the conversation, /exit or Ctrl-D ends\n");
+  if (!args.quiet)
+    fmt::print(stderr,
+               "chat: type a message; /reset clears the conversation, /exit or Ctrl-D ends\n");
   std::string line;
   while (true) {
     if (tty) {
@@ -61,14 +69,16 @@ void run_chat(const ChatArgs& args) {
     messages.push_back(ChatMessage::text("user", line));
     const std::string rendered = render_chat(messages, options);
     std::vector<int32_t> prompt = m.tokenizer->encode(rendered, /*add_special_tokens=*/false);
-    TextGenerationResult r = generate_text(*m.target, m.draft_source.get(), *m.tokenizer, prompt, params,
-                                           args.schedule, [](std::string_view text) {
+    TextGenerationResult r = generate_text(*m.target, m.draft_source.get(), *m.tokenizer, prompt,
+                                           params, args.schedule, [](std::string_view text) {
                                              std::fwrite(text.data(), 1, text.size(), stdout);
                                              std::fflush(stdout);
                                              return true;
                                            });
     fmt::print("\n");
-    if (!args.quiet) fmt::print(stderr, "{} ({})\n", summary_line(r.stats, m.draft_source != nullptr), r.finish_reason);
+    if (!args.quiet)
+      fmt::print(stderr, "{} ({})\n", summary_line(r.stats, m.draft_source != nullptr),
+                 r.finish_reason);
     messages.push_back(ChatMessage::text("assistant", r.text));
   }
 }
@@ -77,7 +87,8 @@ void run_chat(const ChatArgs& args) {
 
 void register_chat(CLI::App& app) {
   auto args = std::make_shared<ChatArgs>();
-  CLI::App* cmd = app.add_subcommand("chat", "Interactive chat in the Gemma 4 chat format (reads stdin)");
+  CLI::App* cmd =
+      app.add_subcommand("chat", "Interactive chat in the Gemma 4 chat format (reads stdin)");
   add_model_options(cmd, args->model, /*with_draft=*/true);
   add_sampling_options(cmd, args->sampling, 256);
   add_draft_options(cmd, args->schedule);

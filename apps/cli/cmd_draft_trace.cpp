@@ -37,7 +37,8 @@ void run_trace(const TraceArgs& args) {
   gemma4::ForwardRow row{.kv = &kv, .tokens = prompt};
   const gemma4::ForwardOutput& out = target.forward(std::span(&row, 1));
   auto logits = out.logits.f32();
-  int32_t token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  int32_t token =
+      static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   HostTensor hidden(DType::kF32, {1, Hb});
   std::memcpy(hidden.data<float>(), out.hidden.data(), out.hidden.nbytes());
 
@@ -70,7 +71,8 @@ void run_trace(const TraceArgs& args) {
     std::memcpy(inputs.data<float>(), embeds.data<float>(), static_cast<size_t>(Hb) * 4);
     std::memcpy(inputs.data<float>() + Hb, hidden.data<float>(), static_cast<size_t>(Hb) * 4);
     add(fmt::format("draft.inputs_embeds.{}", step), std::move(inputs));
-    auto s = m.drafter->step({.token_embeds = embeds, .hidden = hidden, .positions = positions}, donors);
+    auto s =
+        m.drafter->step({.token_embeds = embeds, .hidden = hidden, .positions = positions}, donors);
     add(fmt::format("draft.logits.{}", step), copy_of(s.logits, {V}));
     add(fmt::format("draft.next_hidden.{}", step), copy_of(s.next_hidden, {Hb}));
     add(fmt::format("draft.token.{}", step), copy_of(s.tokens, {1}));
@@ -78,7 +80,9 @@ void run_trace(const TraceArgs& args) {
     std::memcpy(hidden.data<float>(), s.next_hidden.data(), s.next_hidden.nbytes());
   }
   io::write_safetensors(args.out, tensors,
-                        {{"model", m.model_dir}, {"draft", m.draft_dir}, {"producer", "specula draft-trace"},
+                        {{"model", m.model_dir},
+                         {"draft", m.draft_dir},
+                         {"producer", "specula draft-trace"},
                          {"head", m.drafter->head_description()}});
   fmt::print(stderr, "wrote {} draft steps to {}\n", args.steps, args.out);
 }
@@ -88,9 +92,11 @@ void run_trace(const TraceArgs& args) {
 void register_draft_trace(CLI::App& app) {
   auto args = std::make_shared<TraceArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "draft-trace", "Write an assistant drafter's logits, tokens and next hidden for K steps after prefill");
+      "draft-trace",
+      "Write an assistant drafter's logits, tokens and next hidden for K steps after prefill");
   add_model_options(cmd, args->model, /*with_draft=*/true);
-  cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, comma-separated")->required();
+  cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, comma-separated")
+      ->required();
   cmd->add_option("--steps", args->steps, "Draft steps")->capture_default_str();
   cmd->add_option("--out", args->out, "Output .safetensors file")->required();
   cmd->callback([args] { run_trace(*args); });

@@ -23,9 +23,11 @@ struct GenerateArgs {
 };
 
 void run_generate(const GenerateArgs& args) {
-  if (args.prompt.empty() == args.prompt_ids.empty()) fail("give exactly one of --prompt and --prompt-ids");
+  if (args.prompt.empty() == args.prompt_ids.empty())
+    fail("give exactly one of --prompt and --prompt-ids");
   const bool text_mode = !args.prompt.empty();
-  LoadedModels m = load_models(args.model, /*with_draft=*/true, /*with_tokenizer=*/text_mode, args.json);
+  LoadedModels m =
+      load_models(args.model, /*with_draft=*/true, /*with_tokenizer=*/text_mode, args.json);
   const SamplingParams params = sampling_params(args.sampling, m);
   const bool speculative = m.draft_source != nullptr;
   Drafter* drafter = m.draft_source.get();
@@ -36,8 +38,8 @@ void run_generate(const GenerateArgs& args) {
       std::fputs(args.prompt.c_str(), stdout);
       std::fflush(stdout);
     }
-    TextGenerationResult r = generate_text(*m.target, drafter, *m.tokenizer, prompt, params, args.schedule,
-                                           [&](std::string_view text) {
+    TextGenerationResult r = generate_text(*m.target, drafter, *m.tokenizer, prompt, params,
+                                           args.schedule, [&](std::string_view text) {
                                              if (!args.json) {
                                                std::fwrite(text.data(), 1, text.size(), stdout);
                                                std::fflush(stdout);
@@ -45,8 +47,12 @@ void run_generate(const GenerateArgs& args) {
                                              return true;
                                            });
     if (args.json) {
-      nlohmann::json j = {{"model", m.model_dir},  {"draft", m.draft_dir},        {"prompt", args.prompt},
-                          {"text", r.text},        {"tokens", r.tokens},          {"finish_reason", r.finish_reason},
+      nlohmann::json j = {{"model", m.model_dir},
+                          {"draft", m.draft_dir},
+                          {"prompt", args.prompt},
+                          {"text", r.text},
+                          {"tokens", r.tokens},
+                          {"finish_reason", r.finish_reason},
                           {"stats", stats_json(r.stats, speculative)}};
       fmt::print("{}\n", j.dump());
     } else {
@@ -56,7 +62,8 @@ void run_generate(const GenerateArgs& args) {
     return;
   }
 
-  spec::DecodeRequest request{.prompt = parse_id_list(args.prompt_ids, "--prompt-ids"), .params = params};
+  spec::DecodeRequest request{.prompt = parse_id_list(args.prompt_ids, "--prompt-ids"),
+                              .params = params};
   auto on_tokens = [&](int, std::span<const int32_t> fresh) {
     if (!args.json) {
       for (int32_t t : fresh) fmt::print("{} ", t);
@@ -64,10 +71,14 @@ void run_generate(const GenerateArgs& args) {
     }
     return true;
   };
-  spec::DecodeResult r = spec::decode(*m.target, drafter, std::span(&request, 1), args.schedule, on_tokens).front();
+  spec::DecodeResult r =
+      spec::decode(*m.target, drafter, std::span(&request, 1), args.schedule, on_tokens).front();
   if (args.json) {
-    nlohmann::json j = {{"model", m.model_dir}, {"draft", m.draft_dir}, {"prompt_ids", request.prompt},
-                        {"tokens", r.tokens},   {"finish_reason", r.finish_reason},
+    nlohmann::json j = {{"model", m.model_dir},
+                        {"draft", m.draft_dir},
+                        {"prompt_ids", request.prompt},
+                        {"tokens", r.tokens},
+                        {"finish_reason", r.finish_reason},
                         {"stats", stats_json(r.stats, speculative)}};
     fmt::print("{}\n", j.dump());
   } else {
@@ -80,13 +91,17 @@ void run_generate(const GenerateArgs& args) {
 
 void register_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
-  CLI::App* cmd = app.add_subcommand("generate", "Continue a prompt, streaming the output (greedy by default)");
-  cmd->add_option("--prompt,-p", args->prompt, "Prompt text (tokenized with the model's tokenizer, BOS added)");
-  cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, comma-separated (instead of --prompt)");
+  CLI::App* cmd =
+      app.add_subcommand("generate", "Continue a prompt, streaming the output (greedy by default)");
+  cmd->add_option("--prompt,-p", args->prompt,
+                  "Prompt text (tokenized with the model's tokenizer, BOS added)");
+  cmd->add_option("--prompt-ids", args->prompt_ids,
+                  "Prompt token ids, comma-separated (instead of --prompt)");
   add_model_options(cmd, args->model, /*with_draft=*/true);
   add_sampling_options(cmd, args->sampling, 128);
   add_draft_options(cmd, args->schedule);
-  cmd->add_flag("--json", args->json, "Print one JSON object (text, ids, statistics) instead of streaming");
+  cmd->add_flag("--json", args->json,
+                "Print one JSON object (text, ids, statistics) instead of streaming");
   cmd->callback([args] { run_generate(*args); });
 }
 

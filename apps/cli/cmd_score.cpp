@@ -33,7 +33,8 @@ HostTensor heads_first(const Tensor& t) {
   float* dst = out.data<float>();
   for (int64_t i = 0; i < T; ++i) {
     for (int64_t h = 0; h < KV; ++h) {
-      std::memcpy(dst + (h * T + i) * D, src + (i * KV + h) * D, static_cast<size_t>(D) * sizeof(float));
+      std::memcpy(dst + (h * T + i) * D, src + (i * KV + h) * D,
+                  static_cast<size_t>(D) * sizeof(float));
     }
   }
   return out;
@@ -43,7 +44,8 @@ void run_score(const ScoreArgs& args) {
   const std::vector<int32_t> prompt = parse_id_list(args.prompt_ids, "--prompt-ids");
   ModelArgs model_args = args.model;
   model_args.ctx_size = std::max<int64_t>(model_args.ctx_size, static_cast<int64_t>(prompt.size()));
-  LoadedModels m = load_models(model_args, /*with_draft=*/false, /*with_tokenizer=*/false, /*quiet=*/true);
+  LoadedModels m =
+      load_models(model_args, /*with_draft=*/false, /*with_tokenizer=*/false, /*quiet=*/true);
   gemma4::Gemma4Model* model = m.target.get();
   SequenceKv kv = model->new_sequence();
   gemma4::ForwardRow row{.kv = &kv, .tokens = prompt, .all_logits = true};
@@ -71,7 +73,8 @@ void run_score(const ScoreArgs& args) {
   add_donor(out.sliding_donor, "sliding_attention");
   add_donor(out.full_donor, "full_attention");
   io::write_safetensors(args.out, tensors, {{"model", m.model_dir}, {"producer", "specula score"}});
-  fmt::print(stderr, "wrote {} tensors for {} positions to {}\n", tensors.size(), prompt.size(), args.out);
+  fmt::print(stderr, "wrote {} tensors for {} positions to {}\n", tensors.size(), prompt.size(),
+             args.out);
 }
 
 }  // namespace
@@ -79,15 +82,20 @@ void run_score(const ScoreArgs& args) {
 void register_score(CLI::App& app) {
   auto args = std::make_shared<ScoreArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "score", "Run one forward over a prompt and write every position's logits to a safetensors file");
+      "score",
+      "Run one forward over a prompt and write every position's logits to a safetensors file");
   add_model_options(cmd, args->model, /*with_draft=*/false);
-  cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, comma-separated")->required();
+  cmd->add_option("--prompt-ids", args->prompt_ids, "Prompt token ids, comma-separated")
+      ->required();
   cmd->add_option("--out", args->out, "Output .safetensors file")->required();
-  cmd->add_flag("--hidden", args->hidden, "Also write the post-final-norm hidden states (final_hidden)");
-  cmd->add_flag("--layer-hidden", args->layer_hidden,
-                "Also write hidden_states.0..L (input of layer 0, each layer's output, [L] post-norm)");
-  cmd->add_flag("--donor-kv", args->donor_kv,
-                "Also write the donor layers' K/V (shared_kv.<layer type>.k/.v, [kv_heads, T, head_dim])");
+  cmd->add_flag("--hidden", args->hidden,
+                "Also write the post-final-norm hidden states (final_hidden)");
+  cmd->add_flag(
+      "--layer-hidden", args->layer_hidden,
+      "Also write hidden_states.0..L (input of layer 0, each layer's output, [L] post-norm)");
+  cmd->add_flag(
+      "--donor-kv", args->donor_kv,
+      "Also write the donor layers' K/V (shared_kv.<layer type>.k/.v, [kv_heads, T, head_dim])");
   cmd->callback([args] { run_score(*args); });
 }
 

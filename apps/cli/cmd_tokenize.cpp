@@ -42,7 +42,8 @@ void run_detokenize(const TokenizeArgs& a) {
   Tokenizer tok = Tokenizer::load(default_tokenizer(a.tokenizer));
   const std::vector<int32_t> ids = parse_id_list(a.ids, "--ids");
   for (int32_t id : ids) {
-    if (id >= tok.vocab_size()) fail("--ids: token id {} is outside the vocabulary of {} tokens", id, tok.vocab_size());
+    if (id >= tok.vocab_size())
+      fail("--ids: token id {} is outside the vocabulary of {} tokens", id, tok.vocab_size());
   }
   const std::string text = tok.decode(ids, a.skip_special);
   if (a.json) {
@@ -57,14 +58,16 @@ void run_detokenize(const TokenizeArgs& a) {
 void register_tokenize(CLI::App& app) {
   auto args = std::make_shared<TokenizeArgs>();
   CLI::App* tok = app.add_subcommand("tokenize", "Print the token ids of a text");
-  tok->add_option("--tokenizer", args->tokenizer, "tokenizer.json or a model directory (default: the embedded model)");
+  tok->add_option("--tokenizer", args->tokenizer,
+                  "tokenizer.json or a model directory (default: the embedded model)");
   tok->add_option("--text", args->text, "Text to tokenize")->required();
   tok->add_flag("--no-special", args->no_special, "Do not add special tokens (BOS)");
   tok->add_flag("--json", args->json, "Print {\"ids\": [...], \"tokens\": [...]}");
   tok->callback([args] { run_tokenize(*args); });
 
   CLI::App* detok = app.add_subcommand("detokenize", "Print the text of token ids");
-  detok->add_option("--tokenizer", args->tokenizer, "tokenizer.json or a model directory (default: the embedded model)");
+  detok->add_option("--tokenizer", args->tokenizer,
+                    "tokenizer.json or a model directory (default: the embedded model)");
   detok->add_option("--ids", args->ids, "Token ids, comma-separated")->required();
   detok->add_flag("--skip-special", args->skip_special, "Leave special tokens out of the text");
   detok->add_flag("--json", args->json, "Print {\"text\": ...}");

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // `specula`: the command-line front end. Flag parsing and wiring only; every
 // verb lives in its own cmd_*.cpp file.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <exception>

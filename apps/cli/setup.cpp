@@ -2,9 +2,9 @@
 #include "apps/cli/setup.h"
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <omp.h>
 #include <unistd.h>
+#include <nlohmann/json.hpp>
 
 #include <charconv>
 #include <chrono>
@@ -33,18 +33,24 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft) {
-  cmd->add_option("--model,-m", args.model,
-                  fmt::format("Checkpoint directory (config.json + safetensors); default: the embedded {}",
-                              kDefaultTarget));
+  cmd->add_option(
+      "--model,-m", args.model,
+      fmt::format("Checkpoint directory (config.json + safetensors); default: the embedded {}",
+                  kDefaultTarget));
   if (with_draft) {
     cmd->add_option("--draft,-d", args.draft,
-                    "Assistant drafter checkpoint: turns speculative decoding on (default: the embedded drafter "
+                    "Assistant drafter checkpoint: turns speculative decoding on (default: the "
+                    "embedded drafter "
                     "when the model is the embedded default)");
-    cmd->add_flag("--no-draft", args.no_draft, "Decode without speculation even when a drafter is available");
+    cmd->add_flag("--no-draft", args.no_draft,
+                  "Decode without speculation even when a drafter is available");
   }
-  cmd->add_option("--tokenizer", args.tokenizer, "tokenizer.json file or directory (default: the model directory)");
-  cmd->add_option("--ctx-size,-c", args.ctx_size, "Context size per sequence, in tokens")->capture_default_str();
-  cmd->add_option("--threads,-t", args.threads, "CPU threads (0 = all cores)")->capture_default_str();
+  cmd->add_option("--tokenizer", args.tokenizer,
+                  "tokenizer.json file or directory (default: the model directory)");
+  cmd->add_option("--ctx-size,-c", args.ctx_size, "Context size per sequence, in tokens")
+      ->capture_default_str();
+  cmd->add_option("--threads,-t", args.threads, "CPU threads (0 = all cores)")
+      ->capture_default_str();
 }
 
 LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_tokenizer, bool quiet) {
@@ -53,8 +59,10 @@ LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_token
   const bool is_default = args.model.empty();
   m.model_dir = is_default ? models_root() + "/" + kDefaultTarget : args.model;
   if (is_default && !std::filesystem::exists(m.model_dir)) {
-    fail("no --model given and the embedded default model is missing at {} (set SPECULA_MODELS_DIR or pass --model)",
-         m.model_dir);
+    fail(
+        "no --model given and the embedded default model is missing at {} (set SPECULA_MODELS_DIR "
+        "or pass --model)",
+        m.model_dir);
   }
   const bool tty = isatty(STDERR_FILENO);
   auto t0 = std::chrono::steady_clock::now();
@@ -64,8 +72,8 @@ LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_token
   m.target = gemma4::Gemma4Model::load(m.model_dir, options);
   const auto& c = m.target->config();
   if (!quiet) {
-    fmt::print(stderr, "{}target: {} layers, hidden {}, vocab {} ({:.2f} s)\n", tty ? "\r" : "", c.num_hidden_layers,
-               c.hidden_size, c.vocab_size, seconds_since(t0));
+    fmt::print(stderr, "{}target: {} layers, hidden {}, vocab {} ({:.2f} s)\n", tty ? "\r" : "",
+               c.num_hidden_layers, c.hidden_size, c.vocab_size, seconds_since(t0));
   }
   if (with_draft && !args.no_draft) {
     m.draft_dir = args.draft;
@@ -81,7 +89,8 @@ LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_token
       }
     }
   }
-  if (with_tokenizer) m.tokenizer.emplace(Tokenizer::load(args.tokenizer.empty() ? m.model_dir : args.tokenizer));
+  if (with_tokenizer)
+    m.tokenizer.emplace(Tokenizer::load(args.tokenizer.empty() ? m.model_dir : args.tokenizer));
   return m;
 }
 
@@ -89,15 +98,22 @@ void add_sampling_options(CLI::App* cmd, SamplingArgs& args, int default_max_tok
   SamplingParams& p = args.params;
   p.temperature = 0.0f;
   p.max_tokens = default_max_tokens;
-  cmd->add_option("--max-tokens,-n", p.max_tokens, "Maximum number of new tokens")->capture_default_str();
-  cmd->add_option("--temperature", p.temperature, "Sampling temperature; 0 = greedy")->capture_default_str();
-  cmd->add_option("--top-k", p.top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
-  cmd->add_option("--top-p", p.top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
-  cmd->add_option("--min-p", p.min_p, "Drop tokens below min-p x the top probability")->capture_default_str();
-  cmd->add_option("--repetition-penalty", p.repetition_penalty, "Hugging Face repetition penalty (1 = off)")
+  cmd->add_option("--max-tokens,-n", p.max_tokens, "Maximum number of new tokens")
       ->capture_default_str();
-  cmd->add_option("--presence-penalty", p.presence_penalty, "OpenAI presence penalty")->capture_default_str();
-  cmd->add_option("--frequency-penalty", p.frequency_penalty, "OpenAI frequency penalty")->capture_default_str();
+  cmd->add_option("--temperature", p.temperature, "Sampling temperature; 0 = greedy")
+      ->capture_default_str();
+  cmd->add_option("--top-k", p.top_k, "Keep the k most likely tokens (0 = off)")
+      ->capture_default_str();
+  cmd->add_option("--top-p", p.top_p, "Nucleus sampling mass in (0, 1]")->capture_default_str();
+  cmd->add_option("--min-p", p.min_p, "Drop tokens below min-p x the top probability")
+      ->capture_default_str();
+  cmd->add_option("--repetition-penalty", p.repetition_penalty,
+                  "Hugging Face repetition penalty (1 = off)")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", p.presence_penalty, "OpenAI presence penalty")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", p.frequency_penalty, "OpenAI frequency penalty")
+      ->capture_default_str();
   cmd->add_option("--seed", p.seed, "Seed for reproducible sampling")->capture_default_str();
   cmd->add_option("--stop", p.stop, "Stop string (repeatable); not included in the output");
   cmd->add_option("--stop-id", args.stop_ids, "Stop token id (repeatable), in addition to EOS");
@@ -108,9 +124,9 @@ SamplingParams sampling_params(const SamplingArgs& args, const LoadedModels& mod
   SamplingParams p = args.params;
   p.stop_token_ids = args.stop_ids;
   if (!args.ignore_eos) {
-    const std::vector<int32_t>& eos =
-        models.tokenizer && !models.tokenizer->eos_ids().empty() ? models.tokenizer->eos_ids()
-                                                                 : models.target->config().eos_token_ids;
+    const std::vector<int32_t>& eos = models.tokenizer && !models.tokenizer->eos_ids().empty()
+                                          ? models.tokenizer->eos_ids()
+                                          : models.target->config().eos_token_ids;
     p.stop_token_ids.insert(p.stop_token_ids.end(), eos.begin(), eos.end());
   }
   p.validate();
@@ -118,11 +134,14 @@ SamplingParams sampling_params(const SamplingArgs& args, const LoadedModels& mod
 }
 
 void add_draft_options(CLI::App* cmd, spec::DraftSchedule& schedule) {
-  cmd->add_option("--draft-tokens,-k", schedule.draft_tokens, "Draft tokens per round (the start value with --adaptive-draft)")
+  cmd->add_option("--draft-tokens,-k", schedule.draft_tokens,
+                  "Draft tokens per round (the start value with --adaptive-draft)")
       ->capture_default_str();
-  cmd->add_flag("--adaptive-draft", schedule.adaptive,
-                "Adapt the draft length per sequence: +2 after a fully accepted round, -1 otherwise");
-  cmd->add_option("--max-draft-tokens", schedule.max_draft_tokens, "Upper bound for --adaptive-draft")
+  cmd->add_flag(
+      "--adaptive-draft", schedule.adaptive,
+      "Adapt the draft length per sequence: +2 after a fully accepted round, -1 otherwise");
+  cmd->add_option("--max-draft-tokens", schedule.max_draft_tokens,
+                  "Upper bound for --adaptive-draft")
       ->capture_default_str();
 }
 
@@ -153,9 +172,10 @@ void set_threads(int threads) {
 }
 
 std::string summary_line(const spec::DecodeStats& s, bool speculative) {
-  std::string line = fmt::format("prompt {} tokens, prefill {:.1f} tok/s | generated {} tokens, decode {:.1f} tok/s",
-                                 s.prompt_tokens, s.prefill_tokens_per_second(), s.generated_tokens,
-                                 s.decode_tokens_per_second());
+  std::string line = fmt::format(
+      "prompt {} tokens, prefill {:.1f} tok/s | generated {} tokens, decode {:.1f} tok/s",
+      s.prompt_tokens, s.prefill_tokens_per_second(), s.generated_tokens,
+      s.decode_tokens_per_second());
   if (speculative) {
     line += fmt::format(" | drafted {}, accepted {} ({:.1f}%), tau {:.2f}", s.drafted, s.accepted,
                         100.0 * s.acceptance_rate(), s.mean_accepted_length());
@@ -180,7 +200,8 @@ nlohmann::json stats_json(const spec::DecodeStats& s, bool speculative) {
     j["mean_accepted_length"] = s.mean_accepted_length();
     nlohmann::json by_pos = nlohmann::json::array();
     for (size_t i = 0; i < s.drafted_at.size(); ++i) {
-      by_pos.push_back(s.drafted_at[i] ? static_cast<double>(s.accepted_at[i]) / s.drafted_at[i] : 0.0);
+      by_pos.push_back(s.drafted_at[i] ? static_cast<double>(s.accepted_at[i]) / s.drafted_at[i]
+                                       : 0.0);
     }
     j["acceptance_by_position"] = by_pos;
   }

@@ -19,8 +19,8 @@
 namespace specula::cli {
 
 struct ModelArgs {
-  std::string model;      // empty: the embedded default
-  std::string draft;      // empty: the default's drafter when the model is the default
+  std::string model;  // empty: the embedded default
+  std::string draft;  // empty: the default's drafter when the model is the default
   bool no_draft = false;
   std::string tokenizer;  // empty: the model directory
   int64_t ctx_size = 4096;

@@ -7,7 +7,9 @@
 
 namespace specula {
 
-void Buffer::Free::operator()(void* p) const { std::free(p); }
+void Buffer::Free::operator()(void* p) const {
+  std::free(p);
+}
 
 Buffer::Buffer(size_t nbytes) : size_(nbytes) {
   const size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;

@@ -43,7 +43,9 @@ class HostTensor {
   const Tensor& view() const { return view_; }
   operator const Tensor&() const { return view_; }  // NOLINT: a HostTensor is usable as a view
   template <typename T>
-  T* data() const { return view_.data_as<T>(); }
+  T* data() const {
+    return view_.data_as<T>();
+  }
   std::span<float> f32() const { return view_.f32(); }
   const Shape& shape() const { return view_.shape(); }
   DType dtype() const { return view_.dtype(); }

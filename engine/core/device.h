@@ -17,7 +17,9 @@ struct Device {
   static Device cuda(int i = 0) { return {DeviceType::kCuda, i}; }
   bool is_cpu() const { return type == DeviceType::kCpu; }
   bool operator==(const Device&) const = default;
-  std::string str() const { return type == DeviceType::kCpu ? "cpu" : "cuda:" + std::to_string(index); }
+  std::string str() const {
+    return type == DeviceType::kCpu ? "cpu" : "cuda:" + std::to_string(index);
+  }
 };
 
 }  // namespace specula

@@ -7,24 +7,36 @@ namespace specula {
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kU8: return "u8";
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF16:
+      return "f16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }
 
 std::string_view dtype_safetensors_name(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kBF16: return "BF16";
-    case DType::kF16: return "F16";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
-    case DType::kU8: return "U8";
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
+    case DType::kU8:
+      return "U8";
   }
   return "?";
 }
@@ -62,7 +74,8 @@ uint16_t f32_to_f16(float f) {
   const uint32_t sign = (bits >> 16) & 0x8000u;
   const int exponent = static_cast<int>((bits >> 23) & 0xff) - 127 + 15;
   uint32_t mantissa = bits & 0x7fffffu;
-  if (((bits >> 23) & 0xff) == 0xff) return static_cast<uint16_t>(sign | 0x7c00u | (mantissa ? 0x200u : 0));
+  if (((bits >> 23) & 0xff) == 0xff)
+    return static_cast<uint16_t>(sign | 0x7c00u | (mantissa ? 0x200u : 0));
   if (exponent >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
   if (exponent <= 0) {
     if (exponent < -10) return static_cast<uint16_t>(sign);

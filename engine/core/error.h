@@ -27,22 +27,22 @@ template <typename... Args>
 
 // Invariant checks. They throw (never abort) so a server survives a bad request.
 // SPECULA_CHECK(cond, "fmt", args...) prints the failed condition and the message.
-#define SPECULA_CHECK(cond, ...)                                                      \
-  do {                                                                                \
-    if (!(cond)) [[unlikely]] {                                                       \
-      throw ::specula::Error(fmt::format("check failed: {} ({}:{}): {}", #cond,       \
-                                         __FILE__, __LINE__, fmt::format(__VA_ARGS__))); \
-    }                                                                                 \
+#define SPECULA_CHECK(cond, ...)                                                          \
+  do {                                                                                    \
+    if (!(cond)) [[unlikely]] {                                                           \
+      throw ::specula::Error(fmt::format("check failed: {} ({}:{}): {}", #cond, __FILE__, \
+                                         __LINE__, fmt::format(__VA_ARGS__)));            \
+    }                                                                                     \
   } while (0)
 
 // SPECULA_CHECK_EQ(a, b, "context") prints both values on failure.
-#define SPECULA_CHECK_EQ(a, b, ...)                                                   \
-  do {                                                                                \
-    const auto& specula_lhs_ = (a);                                                   \
-    const auto& specula_rhs_ = (b);                                                   \
-    if (!(specula_lhs_ == specula_rhs_)) [[unlikely]] {                               \
-      throw ::specula::Error(fmt::format("check failed: {} == {} ({} vs {}) ({}:{}): {}", \
-                                         #a, #b, specula_lhs_, specula_rhs_, __FILE__, \
-                                         __LINE__, fmt::format(__VA_ARGS__)));        \
-    }                                                                                 \
+#define SPECULA_CHECK_EQ(a, b, ...)                                                               \
+  do {                                                                                            \
+    const auto& specula_lhs_ = (a);                                                               \
+    const auto& specula_rhs_ = (b);                                                               \
+    if (!(specula_lhs_ == specula_rhs_)) [[unlikely]] {                                           \
+      throw ::specula::Error(fmt::format("check failed: {} == {} ({} vs {}) ({}:{}): {}", #a, #b, \
+                                         specula_lhs_, specula_rhs_, __FILE__, __LINE__,          \
+                                         fmt::format(__VA_ARGS__)));                              \
+    }                                                                                             \
   } while (0)

@@ -5,10 +5,12 @@
 
 namespace specula {
 
-Shape::Shape(std::initializer_list<int64_t> dims) : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
+Shape::Shape(std::initializer_list<int64_t> dims)
+    : Shape(std::span<const int64_t>(dims.begin(), dims.size())) {}
 
 Shape::Shape(std::span<const int64_t> dims) {
-  if (dims.size() > kMaxDims) fail("shape of rank {} exceeds the maximum rank {}", dims.size(), kMaxDims);
+  if (dims.size() > kMaxDims)
+    fail("shape of rank {} exceeds the maximum rank {}", dims.size(), kMaxDims);
   for (size_t i = 0; i < dims.size(); ++i) {
     if (dims[i] < 0) fail("shape has a negative extent {} at dimension {}", dims[i], i);
     dims_[i] = dims[i];
@@ -22,7 +24,9 @@ int64_t Shape::numel() const {
   return n;
 }
 
-std::string Shape::str() const { return fmt::format("[{}]", fmt::join(dims(), ", ")); }
+std::string Shape::str() const {
+  return fmt::format("[{}]", fmt::join(dims(), ", "));
+}
 
 bool Shape::operator==(const Shape& other) const {
   if (rank_ != other.rank_) return false;

@@ -5,8 +5,8 @@ namespace specula {
 
 Tensor Tensor::reshape(Shape shape) const {
   if (shape.numel() != numel()) {
-    fail("cannot reshape {} to {}: element counts {} and {} differ", describe(), shape.str(), numel(),
-         shape.numel());
+    fail("cannot reshape {} to {}: element counts {} and {} differ", describe(), shape.str(),
+         numel(), shape.numel());
   }
   return Tensor(data_, dtype_, shape, device_);
 }
@@ -18,7 +18,8 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   Shape s = shape_;
   s[0] = end - begin;
   const size_t row_bytes = shape_[0] == 0 ? 0 : nbytes() / static_cast<size_t>(shape_[0]);
-  return Tensor(static_cast<char*>(data_) + static_cast<size_t>(begin) * row_bytes, dtype_, s, device_);
+  return Tensor(static_cast<char*>(data_) + static_cast<size_t>(begin) * row_bytes, dtype_, s,
+                device_);
 }
 
 Tensor Tensor::row(int64_t i) const {
@@ -37,7 +38,23 @@ std::span<const int32_t> Tensor::i32() const {
   return {static_cast<const int32_t*>(data_), static_cast<size_t>(numel())};
 }
 
-std::string Tensor::describe() const { return fmt::format("{}{}", dtype_name(dtype_), shape_.str()); }
+std::string Tensor::describe() const {
+  return fmt::format("{}{}", dtype_name(dtype_), shape_.str());
+}
+
+float host_scalar(const Tensor& t, const std::string& what) {
+  if (t.numel() != 1 || !t.device().is_cpu()) fail("{} must be one host value, got {}", what, t.describe());
+  switch (t.dtype()) {
+    case DType::kF32:
+      return *t.data_as<const float>();
+    case DType::kBF16:
+      return bf16_to_f32(*t.data_as<const uint16_t>());
+    case DType::kF16:
+      return f16_to_f32(*t.data_as<const uint16_t>());
+    default:
+      fail("{} has dtype {}, expected a float type", what, t.dtype());
+  }
+}
 
 void check_tensor(const Tensor& t, const Shape& shape, DType dtype, const char* what) {
   if (t.shape() != shape || t.dtype() != dtype) {

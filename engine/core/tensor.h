@@ -24,7 +24,9 @@ class Tensor {
   bool empty() const { return data_ == nullptr; }
   void* data() const { return data_; }
   template <typename T>
-  T* data_as() const { return static_cast<T*>(data_); }
+  T* data_as() const {
+    return static_cast<T*>(data_);
+  }
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   Device device() const { return device_; }
@@ -53,6 +55,10 @@ class Tensor {
   Shape shape_;
   Device device_;
 };
+
+// The value of a one-element float tensor in host memory (f32, bf16 or f16),
+// as f32. Throws an Error naming `what` otherwise.
+float host_scalar(const Tensor& t, const std::string& what);
 
 // Throws an Error naming `what` unless `t` has exactly `shape` and `dtype`.
 void check_tensor(const Tensor& t, const Shape& shape, DType dtype, const char* what);

@@ -11,7 +11,9 @@ TargetCacheDonors::TargetCacheDonors(Backend& backend, const gemma4::Gemma4Confi
       full_donor_(target.full_donor),
       positions_(DType::kI32, {1}) {}
 
-void TargetCacheDonors::bind(std::span<SequenceKv* const> rows) { rows_.assign(rows.begin(), rows.end()); }
+void TargetCacheDonors::bind(std::span<SequenceKv* const> rows) {
+  rows_.assign(rows.begin(), rows.end());
+}
 
 void TargetCacheDonors::attend(gemma4::LayerType type, const Tensor& q, int recent, float scale,
                                const Tensor& out) {
@@ -40,10 +42,12 @@ void TargetCacheDonors::attend(gemma4::LayerType type, const Tensor& q, int rece
       v = kv.full_values(donor, length).slice_rows(from, length);
     }
     AttentionParams p;
-    p.q = q.slice_rows(static_cast<int64_t>(b), static_cast<int64_t>(b) + 1).reshape({1, n_heads, D});
+    p.q =
+        q.slice_rows(static_cast<int64_t>(b), static_cast<int64_t>(b) + 1).reshape({1, n_heads, D});
     p.k = k;
     p.v = v;
-    p.out = out.slice_rows(static_cast<int64_t>(b), static_cast<int64_t>(b) + 1).reshape({1, n_heads, D});
+    p.out = out.slice_rows(static_cast<int64_t>(b), static_cast<int64_t>(b) + 1)
+                .reshape({1, n_heads, D});
     p.q_positions = positions_;
     p.k_pos0 = from;
     p.causal = false;

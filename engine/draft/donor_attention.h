@@ -32,7 +32,8 @@ class TargetCacheDonors : public DonorAttention {
   TargetCacheDonors(Backend& backend, const gemma4::Gemma4Config& target);
   // Binds the rows of the next draft steps (pointers must stay valid while used).
   void bind(std::span<SequenceKv* const> rows);
-  void attend(gemma4::LayerType type, const Tensor& q, int recent, float scale, const Tensor& out) override;
+  void attend(gemma4::LayerType type, const Tensor& q, int recent, float scale,
+              const Tensor& out) override;
 
  private:
   Backend& backend_;

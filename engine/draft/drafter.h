@@ -15,11 +15,12 @@
 namespace specula {
 
 struct DraftRow {
-  int request = 0;          // stable id of the sequence (index into the decoder's requests)
-  int32_t token = 0;        // the token to extend: the pending token at step 0, then the last draft
-  int32_t position = 0;     // position of the pending token (constant within a round)
+  int request = 0;       // stable id of the sequence (index into the decoder's requests)
+  int32_t token = 0;     // the token to extend: the pending token at step 0, then the last draft
+  int32_t position = 0;  // position of the pending token (constant within a round)
   SequenceKv* target_kv = nullptr;  // the target's cache of this sequence (positions < position)
-  // Step 0 only: the target's post-final-norm hidden that produced the pending token, f32 [H_target].
+  // Step 0 only: the target's post-final-norm hidden that produced the pending token, f32
+  // [H_target].
   const float* target_hidden = nullptr;
 };
 

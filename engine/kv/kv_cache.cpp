@@ -33,23 +33,24 @@ SequenceKv::LayerStore& SequenceKv::store(int layer) {
 
 Tensor SequenceKv::full_keys(int layer, int64_t end) const {
   const LayerStore& s = store(layer);
-  SPECULA_CHECK(!is_ring(layer) && end <= s.capacity, "layer {}: full view to {} (capacity {})", layer,
-                end, s.capacity);
+  SPECULA_CHECK(!is_ring(layer) && end <= s.capacity, "layer {}: full view to {} (capacity {})",
+                layer, end, s.capacity);
   return s.k.view().slice_rows(0, end);
 }
 
 Tensor SequenceKv::full_values(int layer, int64_t end) const {
   const LayerStore& s = store(layer);
-  SPECULA_CHECK(!is_ring(layer) && end <= s.capacity, "layer {}: full view to {} (capacity {})", layer,
-                end, s.capacity);
+  SPECULA_CHECK(!is_ring(layer) && end <= s.capacity, "layer {}: full view to {} (capacity {})",
+                layer, end, s.capacity);
   return s.v.view().slice_rows(0, end);
 }
 
 void SequenceKv::write_full(int layer, int64_t pos, const Tensor& k, const Tensor& v) {
   LayerStore& s = store(layer);
   const int64_t n = k.dim(0);
-  SPECULA_CHECK(pos >= 0 && pos + n <= s.capacity, "layer {}: writing positions [{}, {}) past the context of {}",
-                layer, pos, pos + n, s.capacity);
+  SPECULA_CHECK(pos >= 0 && pos + n <= s.capacity,
+                "layer {}: writing positions [{}, {}) past the context of {}", layer, pos, pos + n,
+                s.capacity);
   std::memcpy(s.k.view().slice_rows(pos, pos + n).data(), k.data(), k.nbytes());
   std::memcpy(s.v.view().slice_rows(pos, pos + n).data(), v.data(), v.nbytes());
   s.written_end = std::max(s.written_end, pos + n);
@@ -63,23 +64,25 @@ void SequenceKv::read_ring(int layer, int64_t from, int64_t to, const Tensor& k_
                            const Tensor& v_out) const {
   const LayerStore& s = store(layer);
   SPECULA_CHECK(from >= ring_oldest(layer) && to <= s.written_end && from <= to,
-                "layer {}: positions [{}, {}) are not retained (ring holds [{}, {}))", layer, from, to,
-                ring_oldest(layer), s.written_end);
+                "layer {}: positions [{}, {}) are not retained (ring holds [{}, {}))", layer, from,
+                to, ring_oldest(layer), s.written_end);
   const size_t row_bytes = s.k.view().nbytes() / static_cast<size_t>(s.capacity);
   for (int64_t p = from; p < to; ++p) {
     const int64_t slot = p % s.capacity;
     std::memcpy(static_cast<char*>(k_out.data()) + static_cast<size_t>(p - from) * row_bytes,
-                static_cast<const char*>(s.k.view().data()) + static_cast<size_t>(slot) * row_bytes, row_bytes);
+                static_cast<const char*>(s.k.view().data()) + static_cast<size_t>(slot) * row_bytes,
+                row_bytes);
     std::memcpy(static_cast<char*>(v_out.data()) + static_cast<size_t>(p - from) * row_bytes,
-                static_cast<const char*>(s.v.view().data()) + static_cast<size_t>(slot) * row_bytes, row_bytes);
+                static_cast<const char*>(s.v.view().data()) + static_cast<size_t>(slot) * row_bytes,
+                row_bytes);
   }
 }
 
 void SequenceKv::write_ring(int layer, int64_t pos, const Tensor& k, const Tensor& v) {
   LayerStore& s = store(layer);
   const int64_t n = k.dim(0);
-  SPECULA_CHECK(pos >= 0 && pos <= s.written_end, "layer {}: ring write at {} leaves a gap after {}", layer,
-                pos, s.written_end);
+  SPECULA_CHECK(pos >= 0 && pos <= s.written_end,
+                "layer {}: ring write at {} leaves a gap after {}", layer, pos, s.written_end);
   const size_t row_bytes = s.k.view().nbytes() / static_cast<size_t>(s.capacity);
   // Only the newest `capacity` positions survive; skip the rest.
   for (int64_t i = std::max<int64_t>(0, n - s.capacity); i < n; ++i) {
@@ -109,8 +112,8 @@ void SequenceKv::commit(int64_t n) {
 }
 
 void SequenceKv::truncate(int64_t new_length) {
-  SPECULA_CHECK(new_length >= 0 && new_length <= length_, "cannot truncate a sequence of {} tokens to {}",
-                length_, new_length);
+  SPECULA_CHECK(new_length >= 0 && new_length <= length_,
+                "cannot truncate a sequence of {} tokens to {}", length_, new_length);
   for (size_t i = 0; i < spec_.layers.size(); ++i) {
     const KvLayerSpec& l = spec_.layers[i];
     if (!l.owns_cache || l.window == 0) continue;
@@ -118,9 +121,11 @@ void SequenceKv::truncate(int64_t new_length) {
     // assistant drafter reads the newest window + 1 entries. Keep both intact.
     const int64_t needed_from = std::max<int64_t>(0, new_length - l.window - 1);
     if (needed_from < ring_oldest(static_cast<int>(i))) {
-      fail("cannot roll back to {} tokens: sliding layer {} only retains positions from {} (window {}, "
-           "rollback slack {})",
-           new_length, i, ring_oldest(static_cast<int>(i)), l.window, spec_.max_rollback);
+      fail(
+          "cannot roll back to {} tokens: sliding layer {} only retains positions from {} (window "
+          "{}, "
+          "rollback slack {})",
+          new_length, i, ring_oldest(static_cast<int>(i)), l.window, spec_.max_rollback);
     }
   }
   length_ = new_length;

@@ -24,7 +24,7 @@ struct KvLayerSpec {
   bool owns_cache = false;  // KV-shared layers own none
   int n_kv_heads = 0;
   int head_dim = 0;
-  int window = 0;           // 0 = full attention (linear buffer), else ring of window + rollback
+  int window = 0;  // 0 = full attention (linear buffer), else ring of window + rollback
 };
 
 struct KvCacheSpec {
@@ -52,7 +52,8 @@ class SequenceKv {
 
   // Ring layers: copies positions [from, to) (which must be retained) into
   // k_out, v_out f32 [to - from, kv, D] in temporal order.
-  void read_ring(int layer, int64_t from, int64_t to, const Tensor& k_out, const Tensor& v_out) const;
+  void read_ring(int layer, int64_t from, int64_t to, const Tensor& k_out,
+                 const Tensor& v_out) const;
   // Writes positions [pos, pos + n) into the ring (only the last `capacity` of
   // them are kept).
   void write_ring(int layer, int64_t pos, const Tensor& k, const Tensor& v);

@@ -36,9 +36,9 @@ struct AttentionParams {
 
 // Mixture-of-experts routing of N tokens over E experts (gemma4-architecture.md §6).
 struct MoeRouteParams {
-  Tensor logits;          // f32 [N, E] router scores
+  Tensor logits;            // f32 [N, E] router scores
   Tensor per_expert_scale;  // [E] (any float dtype)
-  Tensor expert_ids;      // i32 [N, k] out: chosen experts, by descending probability
+  Tensor expert_ids;        // i32 [N, k] out: chosen experts, by descending probability
   Tensor expert_weights;  // f32 [N, k] out: renormalised top-k softmax weights × per-expert scale
 };
 
@@ -63,7 +63,8 @@ class Backend {
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
   // out[n, :] = table[ids[n], :] · scale. table [V, H] any float; ids i32 [N]; out f32 [N, H].
   // An id outside [0, V) throws naming the id.
-  virtual void embedding(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) = 0;
+  virtual void embedding(const Tensor& table, const Tensor& ids, float scale,
+                         const Tensor& out) = 0;
   // RMSNorm over the last dimension, in f32: out = x · (mean(x²) + eps)^-½ [· weight].
   // x, out f32 [..., D]; weight [D] any float, or empty for the weightless variant.
   // out may alias x.

@@ -7,8 +7,9 @@
 
 namespace specula {
 
-TextGenerationResult generate_text(gemma4::Gemma4Model& target, Drafter* drafter, const Tokenizer& tokenizer,
-                                   std::vector<int32_t> prompt_ids, const SamplingParams& params,
+TextGenerationResult generate_text(gemma4::Gemma4Model& target, Drafter* drafter,
+                                   const Tokenizer& tokenizer, std::vector<int32_t> prompt_ids,
+                                   const SamplingParams& params,
                                    const spec::DraftSchedule& schedule,
                                    const std::function<bool(std::string_view)>& on_text) {
   spec::DecodeRequest request{.prompt = std::move(prompt_ids), .params = params};
@@ -24,7 +25,8 @@ TextGenerationResult generate_text(gemma4::Gemma4Model& target, Drafter* drafter
   auto on_tokens = [&](int, std::span<const int32_t> fresh) {
     for (int32_t id : fresh) {
       // Stop tokens end generation without appearing in the text.
-      if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), id) != params.stop_token_ids.end()) {
+      if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), id) !=
+          params.stop_token_ids.end()) {
         continue;
       }
       StopMatcher::Step step = stops.feed(detok.feed(id));

@@ -24,8 +24,9 @@ struct TextGenerationResult {
 // Streams text as soon as it is valid UTF-8 and cannot be part of a stop
 // string. `on_text` may return false to cancel. params.stop (strings) and
 // params.stop_token_ids (e.g. EOS) end generation; neither is emitted as text.
-TextGenerationResult generate_text(gemma4::Gemma4Model& target, Drafter* drafter, const Tokenizer& tokenizer,
-                                   std::vector<int32_t> prompt_ids, const SamplingParams& params,
+TextGenerationResult generate_text(gemma4::Gemma4Model& target, Drafter* drafter,
+                                   const Tokenizer& tokenizer, std::vector<int32_t> prompt_ids,
+                                   const SamplingParams& params,
                                    const spec::DraftSchedule& schedule,
                                    const std::function<bool(std::string_view)>& on_text = {});
 

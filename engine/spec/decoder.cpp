@@ -13,26 +13,29 @@ namespace specula::spec {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 // Everything the loop keeps per request.
 struct Row {
   const DecodeRequest* request = nullptr;
   SequenceKv kv;
   Rng rng;
-  std::vector<int32_t> history;  // prompt + generated (+ the drafts of the current round, popped after)
-  int32_t pending = 0;           // emitted, not yet in the target cache
-  std::vector<float> hidden;     // target post-norm hidden that produced `pending`
-  int k = 0;                     // draft length of the next round
-  int k_round = 0;               // draft length of the current round
-  std::vector<int32_t> drafts;   // [k_round]
-  std::vector<float> q;          // [k_round, V] processed proposals (sampling rows)
+  std::vector<int32_t>
+      history;          // prompt + generated (+ the drafts of the current round, popped after)
+  int32_t pending = 0;  // emitted, not yet in the target cache
+  std::vector<float> hidden;    // target post-norm hidden that produced `pending`
+  int k = 0;                    // draft length of the next round
+  int k_round = 0;              // draft length of the current round
+  std::vector<int32_t> drafts;  // [k_round]
+  std::vector<float> q;         // [k_round, V] processed proposals (sampling rows)
   bool done = false;
   DecodeResult result;
 };
 
-void validate(const gemma4::Gemma4Model& target, Drafter* drafter, std::span<const DecodeRequest> requests,
-              const DraftSchedule& schedule) {
+void validate(const gemma4::Gemma4Model& target, Drafter* drafter,
+              std::span<const DecodeRequest> requests, const DraftSchedule& schedule) {
   if (requests.empty()) fail("decode: no requests");
   const int64_t ctx = target.max_context();
   for (size_t i = 0; i < requests.size(); ++i) {
@@ -40,8 +43,10 @@ void validate(const gemma4::Gemma4Model& target, Drafter* drafter, std::span<con
     if (r.prompt.empty()) fail("request {}: the prompt is empty", i);
     r.params.validate();
     if (static_cast<int64_t>(r.prompt.size()) + r.params.max_tokens > ctx) {
-      fail("request {}: prompt of {} tokens plus max_tokens {} exceeds the context size of {} tokens", i,
-           r.prompt.size(), r.params.max_tokens, ctx);
+      fail(
+          "request {}: prompt of {} tokens plus max_tokens {} exceeds the context size of {} "
+          "tokens",
+          i, r.prompt.size(), r.params.max_tokens, ctx);
     }
   }
   if (drafter) {
@@ -49,14 +54,15 @@ void validate(const gemma4::Gemma4Model& target, Drafter* drafter, std::span<con
       fail("the drafter's vocabulary ({}) differs from the target's ({})", drafter->vocab_size(),
            target.config().vocab_size);
     }
-    const int max_k = std::max(schedule.draft_tokens, schedule.adaptive ? schedule.max_draft_tokens : 0);
+    const int max_k =
+        std::max(schedule.draft_tokens, schedule.adaptive ? schedule.max_draft_tokens : 0);
     if (schedule.draft_tokens < 1) fail("draft tokens must be >= 1, got {}", schedule.draft_tokens);
     if (schedule.adaptive && schedule.max_draft_tokens < 1) {
       fail("max draft tokens must be >= 1, got {}", schedule.max_draft_tokens);
     }
     if (max_k > target.kv_spec().max_rollback - 1) {
-      fail("draft tokens {} exceed what the sliding caches can roll back ({}); raise max_rollback", max_k,
-           target.kv_spec().max_rollback - 1);
+      fail("draft tokens {} exceed what the sliding caches can roll back ({}); raise max_rollback",
+           max_k, target.kv_spec().max_rollback - 1);
     }
   }
 }
@@ -79,23 +85,27 @@ void DecodeStats::merge(const DecodeStats& o) {
 }
 
 std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
-                                 std::span<const DecodeRequest> requests, const DraftSchedule& schedule,
-                                 const TokenCallback& on_tokens) {
+                                 std::span<const DecodeRequest> requests,
+                                 const DraftSchedule& schedule, const TokenCallback& on_tokens) {
   validate(target, drafter, requests, schedule);
   const int64_t V = target.config().vocab_size;
   const int64_t H = target.config().hidden_size;
-  const int max_k = drafter ? std::max(schedule.draft_tokens, schedule.adaptive ? schedule.max_draft_tokens : 0) : 0;
+  const int max_k =
+      drafter ? std::max(schedule.draft_tokens, schedule.adaptive ? schedule.max_draft_tokens : 0)
+              : 0;
 
   std::vector<Row> rows;
   rows.reserve(requests.size());
   for (const DecodeRequest& req : requests) {
     Row r{.request = &req, .kv = target.new_sequence(), .rng = Rng(req.params.seed), .history = {}};
-    r.history.reserve(req.prompt.size() + static_cast<size_t>(req.params.max_tokens) + static_cast<size_t>(max_k) + 2);
+    r.history.reserve(req.prompt.size() + static_cast<size_t>(req.params.max_tokens) +
+                      static_cast<size_t>(max_k) + 2);
     r.history.assign(req.prompt.begin(), req.prompt.end());
     r.hidden.resize(static_cast<size_t>(H));
     r.k = drafter ? schedule.draft_tokens : 0;
     r.drafts.reserve(static_cast<size_t>(max_k));
-    if (drafter && !req.params.greedy()) r.q.resize(static_cast<size_t>(max_k) * static_cast<size_t>(V));
+    if (drafter && !req.params.greedy())
+      r.q.resize(static_cast<size_t>(max_k) * static_cast<size_t>(V));
     r.result.finish_reason = "length";
     r.result.stats.prompt_tokens = static_cast<int64_t>(req.prompt.size());
     r.result.stats.round_drafted.reserve(static_cast<size_t>(req.params.max_tokens));
@@ -113,7 +123,8 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     r.history.push_back(token);
     r.result.tokens.push_back(token);
     ++r.result.stats.generated_tokens;
-    if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) != p.stop_token_ids.end()) {
+    if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) !=
+        p.stop_token_ids.end()) {
       r.result.finish_reason = "stop";
       r.done = true;
     } else if (static_cast<int>(r.result.tokens.size()) >= p.max_tokens) {
@@ -124,7 +135,8 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
   auto notify = [&](size_t i, size_t first_new) {
     Row& r = rows[i];
     if (!on_tokens || first_new >= r.result.tokens.size()) return;
-    std::span<const int32_t> fresh(r.result.tokens.data() + first_new, r.result.tokens.size() - first_new);
+    std::span<const int32_t> fresh(r.result.tokens.data() + first_new,
+                                   r.result.tokens.size() - first_new);
     if (!on_tokens(static_cast<int>(i), fresh)) {
       r.result.finish_reason = "cancelled";
       r.done = true;
@@ -139,7 +151,8 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
   const auto t_prefill = Clock::now();
   std::vector<gemma4::ForwardRow> fwd;
   fwd.reserve(rows.size());
-  for (Row& r : rows) fwd.push_back({.kv = &r.kv, .tokens = r.request->prompt, .all_logits = false});
+  for (Row& r : rows)
+    fwd.push_back({.kv = &r.kv, .tokens = r.request->prompt, .all_logits = false});
   {
     const gemma4::ForwardOutput& out = target.forward(fwd);
     const double prefill_s = seconds_since(t_prefill);
@@ -147,9 +160,11 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       Row& r = rows[i];
       r.result.stats.prefill_seconds = prefill_s;
       r.result.stats.target_forwards = 1;
-      std::span<const float> logits(out.logits.data_as<const float>() + i * V, static_cast<size_t>(V));
+      std::span<const float> logits(out.logits.data_as<const float>() + i * V,
+                                    static_cast<size_t>(V));
       r.pending = sample_token(logits, history_of(r), r.request->params, ws, r.rng);
-      std::memcpy(r.hidden.data(), out.hidden.data_as<const float>() + i * H, static_cast<size_t>(H) * sizeof(float));
+      std::memcpy(r.hidden.data(), out.hidden.data_as<const float>() + i * H,
+                  static_cast<size_t>(H) * sizeof(float));
       emit(i, r.pending);
       notify(i, 0);
     }
@@ -199,7 +214,8 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       Tensor logits = drafter->step(s, draft_rows);
       for (size_t b = 0; b < draft_owner.size(); ++b) {
         Row& r = rows[draft_owner[b]];
-        std::span<const float> row_logits(logits.data_as<const float>() + b * V, static_cast<size_t>(V));
+        std::span<const float> row_logits(logits.data_as<const float>() + b * V,
+                                          static_cast<size_t>(V));
         // Drafts extend the history (which already ends with the pending token) so
         // penalties see them exactly as the target will.
         for (int32_t d : r.drafts) r.history.push_back(d);
@@ -228,9 +244,10 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       const size_t begin = verify_tokens.size();
       verify_tokens.push_back(r.pending);
       verify_tokens.insert(verify_tokens.end(), r.drafts.begin(), r.drafts.end());
-      fwd.push_back({.kv = &r.kv,
-                     .tokens = std::span<const int32_t>(verify_tokens.data() + begin, 1 + r.drafts.size()),
-                     .all_logits = true});
+      fwd.push_back(
+          {.kv = &r.kv,
+           .tokens = std::span<const int32_t>(verify_tokens.data() + begin, 1 + r.drafts.size()),
+           .all_logits = true});
     }
     pos0.resize(active.size());
     for (size_t a = 0; a < active.size(); ++a) pos0[a] = rows[active[a]].kv.length();
@@ -245,7 +262,8 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       const int k = r.k_round;
       const int64_t out0 = out.row_out_begin[a];
       auto target_logits = [&](int j) {
-        return std::span<const float>(out.logits.data_as<const float>() + (out0 + j) * V, static_cast<size_t>(V));
+        return std::span<const float>(out.logits.data_as<const float>() + (out0 + j) * V,
+                                      static_cast<size_t>(V));
       };
       // The pending token is now in the cache; the drafts are judged in order,
       // each against the target's distribution given everything before it.

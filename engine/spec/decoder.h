@@ -30,8 +30,9 @@ struct DecodeRequest {
 };
 
 struct DraftSchedule {
-  int draft_tokens = 4;      // k per round (the starting k when adaptive)
-  bool adaptive = false;     // +2 after a fully accepted round, -1 otherwise (min 1, max max_draft_tokens)
+  int draft_tokens = 4;  // k per round (the starting k when adaptive)
+  bool adaptive =
+      false;  // +2 after a fully accepted round, -1 otherwise (min 1, max max_draft_tokens)
   int max_draft_tokens = 8;
 };
 
@@ -44,14 +45,19 @@ struct DecodeStats {
   int64_t drafted = 0;
   int64_t accepted = 0;
   std::vector<int64_t> drafted_at, accepted_at;  // per draft position (0 = first draft)
-  std::vector<int32_t> round_drafted, round_accepted;  // per verify round, in order (one request only)
+  std::vector<int32_t> round_drafted,
+      round_accepted;  // per verify round, in order (one request only)
   double prefill_seconds = 0;
   double decode_seconds = 0;
 
   double acceptance_rate() const { return drafted ? static_cast<double>(accepted) / drafted : 0.0; }
   // τ: tokens committed per verify round (accepted drafts + the target's token).
-  double mean_accepted_length() const { return rounds ? static_cast<double>(accepted + rounds) / rounds : 0.0; }
-  double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0; }
+  double mean_accepted_length() const {
+    return rounds ? static_cast<double>(accepted + rounds) / rounds : 0.0;
+  }
+  double prefill_tokens_per_second() const {
+    return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0;
+  }
   // Tokens after the first (which comes with the prefill) per second of decoding.
   double decode_tokens_per_second() const {
     return decode_seconds > 0 && generated_tokens > 1 ? (generated_tokens - 1) / decode_seconds : 0;
@@ -73,7 +79,8 @@ using TokenCallback = std::function<bool(int request, std::span<const int32_t> n
 // invalid requests (empty prompt, prompt + max_tokens beyond the context,
 // invalid sampling params) before any work starts.
 std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
-                                 std::span<const DecodeRequest> requests, const DraftSchedule& schedule,
+                                 std::span<const DecodeRequest> requests,
+                                 const DraftSchedule& schedule,
                                  const TokenCallback& on_tokens = {});
 
 }  // namespace specula::spec

@@ -39,12 +39,15 @@ TEST_P(LinearBatchInvariance, RowResultsDoNotDependOnTheBatch) {
     HostTensor y(DType::kF32, {m, N});
     // The last row of the first m rows, computed in a batch of m.
     be.linear(x.view().slice_rows(0, m), w, y);
-    EXPECT_EQ(std::memcmp(y.view().row(m - 1).data(), y_all.view().row(m - 1).data(), N * sizeof(float)), 0)
+    EXPECT_EQ(
+        std::memcmp(y.view().row(m - 1).data(), y_all.view().row(m - 1).data(), N * sizeof(float)),
+        0)
         << "row " << m - 1 << " differs between a batch of " << m << " and a batch of 64";
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, LinearBatchInvariance, ::testing::Values(DType::kF32, DType::kBF16));
+INSTANTIATE_TEST_SUITE_P(Dtypes, LinearBatchInvariance,
+                         ::testing::Values(DType::kF32, DType::kBF16));
 
 }  // namespace
 }  // namespace specula

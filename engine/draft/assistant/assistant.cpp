@@ -17,16 +17,6 @@ std::string config_file(const std::string& path) {
   return std::filesystem::is_directory(path) ? path + "/config.json" : path;
 }
 
-float read_scalar(const Tensor& t, const std::string& what) {
-  SPECULA_CHECK(t.numel() == 1, "{} must hold one value, has {}", what, t.numel());
-  switch (t.dtype()) {
-    case DType::kF32: return *t.data_as<const float>();
-    case DType::kBF16: return bf16_to_f32(*t.data_as<const uint16_t>());
-    case DType::kF16: return f16_to_f32(*t.data_as<const uint16_t>());
-    default: fail("{} has dtype {}, expected a float type", what, t.dtype());
-  }
-}
-
 const char* type_name(gemma4::LayerType t) {
   return t == gemma4::LayerType::kSliding ? "sliding_attention" : "full_attention";
 }
@@ -39,7 +29,8 @@ AssistantConfig load_assistant_config(const std::string& path) {
   if (!root.is_object()) fail("{}: expected a JSON object", file);
   const std::string model_type = root.value("model_type", std::string());
   if (model_type != "gemma4_assistant") {
-    fail("{}: model_type is '{}', expected 'gemma4_assistant' (a Gemma 4 assistant drafter)", file, model_type);
+    fail("{}: model_type is '{}', expected 'gemma4_assistant' (a Gemma 4 assistant drafter)", file,
+         model_type);
   }
   if (!root.contains("text_config") || !root["text_config"].is_object()) {
     fail("{}: field 'text_config' is missing or not an object", file);
@@ -54,7 +45,8 @@ AssistantConfig load_assistant_config(const std::string& path) {
   c.text = gemma4::parse_gemma4_config(text, file + " (text_config)");
   auto get_int = [&](const char* field, int fallback) {
     if (!root.contains(field) || root[field].is_null()) return fallback;
-    if (!root[field].is_number_integer()) fail("{}: field '{}' must be an integer, got {}", file, field, root[field].dump());
+    if (!root[field].is_number_integer())
+      fail("{}: field '{}' must be an integer, got {}", file, field, root[field].dump());
     return root[field].get<int>();
   };
   c.backbone_hidden_size = get_int("backbone_hidden_size", 1536);
@@ -64,22 +56,28 @@ AssistantConfig load_assistant_config(const std::string& path) {
 
   const gemma4::Gemma4Config& t = c.text;
   if (t.hidden_size_per_layer_input != 0) {
-    fail("{}: text_config.hidden_size_per_layer_input must be 0 for an assistant drafter, got {}", file,
-         t.hidden_size_per_layer_input);
+    fail("{}: text_config.hidden_size_per_layer_input must be 0 for an assistant drafter, got {}",
+         file, t.hidden_size_per_layer_input);
   }
-  if (t.enable_moe_block) fail("{}: text_config.enable_moe_block must be false for an assistant drafter", file);
-  if (t.use_double_wide_mlp) fail("{}: text_config.use_double_wide_mlp must be false for an assistant drafter", file);
+  if (t.enable_moe_block)
+    fail("{}: text_config.enable_moe_block must be false for an assistant drafter", file);
+  if (t.use_double_wide_mlp)
+    fail("{}: text_config.use_double_wide_mlp must be false for an assistant drafter", file);
   if (t.num_kv_shared_layers != t.num_hidden_layers) {
-    fail("{}: text_config.num_kv_shared_layers ({}) must equal num_hidden_layers ({}) for an assistant drafter",
-         file, t.num_kv_shared_layers, t.num_hidden_layers);
+    fail(
+        "{}: text_config.num_kv_shared_layers ({}) must equal num_hidden_layers ({}) for an "
+        "assistant drafter",
+        file, t.num_kv_shared_layers, t.num_hidden_layers);
   }
-  if (c.backbone_hidden_size <= 0) fail("{}: backbone_hidden_size must be positive, got {}", file, c.backbone_hidden_size);
+  if (c.backbone_hidden_size <= 0)
+    fail("{}: backbone_hidden_size must be positive, got {}", file, c.backbone_hidden_size);
   return c;
 }
 
 AssistantDrafter::~AssistantDrafter() = default;
 
-std::unique_ptr<AssistantDrafter> AssistantDrafter::load(const std::string& path, const gemma4::Gemma4Config& target,
+std::unique_ptr<AssistantDrafter> AssistantDrafter::load(const std::string& path,
+                                                         const gemma4::Gemma4Config& target,
                                                          Backend& backend) {
   std::unique_ptr<AssistantDrafter> d(new AssistantDrafter());
   d->config_ = load_assistant_config(path);
@@ -91,11 +89,12 @@ std::unique_ptr<AssistantDrafter> AssistantDrafter::load(const std::string& path
   // The drafter reads the target's donor K/V and emits target tokens: its
   // geometry must mirror the target's donor layers.
   if (c.backbone_hidden_size != target.hidden_size) {
-    fail("{}: backbone_hidden_size {} does not match the target's hidden_size {}", file, c.backbone_hidden_size,
-         target.hidden_size);
+    fail("{}: backbone_hidden_size {} does not match the target's hidden_size {}", file,
+         c.backbone_hidden_size, target.hidden_size);
   }
   if (t.vocab_size != target.vocab_size) {
-    fail("{}: vocab_size {} does not match the target's vocab_size {}", file, t.vocab_size, target.vocab_size);
+    fail("{}: vocab_size {} does not match the target's vocab_size {}", file, t.vocab_size,
+         target.vocab_size);
   }
   for (int i = 0; i < t.num_hidden_layers; ++i) {
     const gemma4::LayerSpec& mine = t.layers[static_cast<size_t>(i)];
@@ -106,9 +105,12 @@ std::unique_ptr<AssistantDrafter> AssistantDrafter::load(const std::string& path
     }
     const gemma4::LayerSpec& theirs = target.layers[static_cast<size_t>(donor)];
     if (mine.head_dim != theirs.head_dim || mine.n_kv_heads != theirs.n_kv_heads) {
-      fail("{}: drafter layer {} ({}) expects head_dim {} with {} KV heads, but the target's donor layer {} has "
-           "head_dim {} with {} KV heads",
-           file, i, type_name(mine.type), mine.head_dim, mine.n_kv_heads, donor, theirs.head_dim, theirs.n_kv_heads);
+      fail(
+          "{}: drafter layer {} ({}) expects head_dim {} with {} KV heads, but the target's donor "
+          "layer {} has "
+          "head_dim {} with {} KV heads",
+          file, i, type_name(mine.type), mine.head_dim, mine.n_kv_heads, donor, theirs.head_dim,
+          theirs.n_kv_heads);
     }
     if (t.num_attention_heads % theirs.n_kv_heads != 0) {
       fail("{}: drafter num_attention_heads {} is not a multiple of the target's {} KV heads", file,
@@ -131,7 +133,8 @@ std::unique_ptr<AssistantDrafter> AssistantDrafter::load(const std::string& path
   const bool has_centroids = ckpt.contains("masked_embedding.centroids.weight");
   if (has_centroids) {
     if (c.num_centroids <= 0 || t.vocab_size % c.num_centroids != 0) {
-      fail("{}: vocab_size {} is not divisible by num_centroids {}", file, t.vocab_size, c.num_centroids);
+      fail("{}: vocab_size {} is not divisible by num_centroids {}", file, t.vocab_size,
+           c.num_centroids);
     }
     if (c.centroid_intermediate_top_k <= 0 || c.centroid_intermediate_top_k > c.num_centroids) {
       fail("{}: centroid_intermediate_top_k {} must be in [1, num_centroids={}]", file,
@@ -160,15 +163,16 @@ std::unique_ptr<AssistantDrafter> AssistantDrafter::load(const std::string& path
     table.add(lp + "mlp.up_proj.weight", {I, Ha}, &lw.up_proj);
     table.add(lp + "mlp.down_proj.weight", {Ha, I}, &lw.down_proj);
     table.add(lp + "layer_scalar", {1}, &lw.layer_scalar);
-    for (const char* n : {"self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight"}) {
+    for (const char* n :
+         {"self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight"}) {
       table.ignore(lp + n);
     }
   }
   table.bind(ckpt);
 
   for (int i = 0; i < t.num_hidden_layers; ++i) {
-    d->layer_scalars_.push_back(
-        read_scalar(w.layers[static_cast<size_t>(i)].layer_scalar, fmt::format("model.layers.{}.layer_scalar", i)));
+    d->layer_scalars_.push_back(host_scalar(w.layers[static_cast<size_t>(i)].layer_scalar,
+                                            fmt::format("model.layers.{}.layer_scalar", i)));
   }
   if (has_centroids) {
     // Every token must appear exactly once, or a candidate id could fall outside the vocabulary.
@@ -176,17 +180,20 @@ std::unique_ptr<AssistantDrafter> AssistantDrafter::load(const std::string& path
     d->ordering_.resize(static_cast<size_t>(V));
     std::vector<char> seen(static_cast<size_t>(V), 0);
     for (int64_t i = 0; i < V; ++i) {
-      const int64_t id = w.token_ordering.dtype() == DType::kI64 ? w.token_ordering.data_as<const int64_t>()[i]
-                                                                  : w.token_ordering.data_as<const int32_t>()[i];
+      const int64_t id = w.token_ordering.dtype() == DType::kI64
+                             ? w.token_ordering.data_as<const int64_t>()[i]
+                             : w.token_ordering.data_as<const int32_t>()[i];
       if (id < 0 || id >= V || seen[static_cast<size_t>(id)]) {
-        fail("{}: masked_embedding.token_ordering is not a permutation of [0, {}): entry {} is {}", ckpt.path(), V, i, id);
+        fail("{}: masked_embedding.token_ordering is not a permutation of [0, {}): entry {} is {}",
+             ckpt.path(), V, i, id);
       }
       seen[static_cast<size_t>(id)] = 1;
       d->ordering_[static_cast<size_t>(i)] = static_cast<int32_t>(id);
     }
   }
   if (has_centroids) {
-    const int64_t n_cand = int64_t{c.centroid_intermediate_top_k} * (t.vocab_size / c.num_centroids);
+    const int64_t n_cand =
+        int64_t{c.centroid_intermediate_top_k} * (t.vocab_size / c.num_centroids);
     d->candidates_ = HostTensor(DType::kI32, {n_cand});
     d->candidate_rows_ = HostTensor(DType::kF32, {n_cand, Ha});
     d->candidate_scores_ = HostTensor(DType::kF32, {1, n_cand});
@@ -199,9 +206,10 @@ std::unique_ptr<AssistantDrafter> AssistantDrafter::load(const std::string& path
 
 std::string AssistantDrafter::head_description() const {
   if (centroid_head()) {
-    return fmt::format("centroid head ({} centroids, top-{}, {} candidates per step)", config_.num_centroids,
-                       config_.centroid_intermediate_top_k,
-                       config_.centroid_intermediate_top_k * (config_.text.vocab_size / config_.num_centroids));
+    return fmt::format(
+        "centroid head ({} centroids, top-{}, {} candidates per step)", config_.num_centroids,
+        config_.centroid_intermediate_top_k,
+        config_.centroid_intermediate_top_k * (config_.text.vocab_size / config_.num_centroids));
   }
   return fmt::format("tied dense head over {} tokens", config_.text.vocab_size);
 }
@@ -258,7 +266,8 @@ DraftStepOutputs AssistantDrafter::step(const DraftStepInputs& in, DonorAttentio
     Tensor q(s.q.data(), DType::kF32, {B, Nh * D});
     be.linear(s.xn, w.q_proj, q);
     be.rms_norm(q.reshape({B * Nh, D}), w.q_norm, eps, q.reshape({B * Nh, D}));
-    be.rope(q.reshape({B, Nh, D}), in.positions, sliding ? inv_freq_sliding_.view() : inv_freq_full_.view());
+    be.rope(q.reshape({B, Nh, D}), in.positions,
+            sliding ? inv_freq_sliding_.view() : inv_freq_full_.view());
     Tensor attn(s.attn.data(), DType::kF32, {B, Nh, D});
     // transformers' drafter mask keeps the newest sliding_window + 1 sliding entries
     // (an inclusive |q - k| <= W overlay) and every full-attention entry.
@@ -307,9 +316,8 @@ void AssistantDrafter::centroid_logits(const Tensor& h, const Tensor& logits) {
     const float* sc = scores.data_as<const float>() + b * G;
     std::iota(order.begin(), order.end(), 0);
     // torch.topk order: descending score, lower index first among equals.
-    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t x, int32_t y) {
-      return sc[x] != sc[y] ? sc[x] > sc[y] : x < y;
-    });
+    std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                      [&](int32_t x, int32_t y) { return sc[x] != sc[y] ? sc[x] > sc[y] : x < y; });
     int32_t* ids = cand.data<int32_t>();
     for (int64_t k = 0; k < K; ++k) {
       std::memcpy(ids + k * per, ordering_.data() + order[static_cast<size_t>(k)] * per,

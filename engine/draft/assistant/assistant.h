@@ -31,14 +31,14 @@ struct AssistantConfig {
 AssistantConfig load_assistant_config(const std::string& path);
 
 struct AssistantLayerWeights {
-  Tensor input_layernorm, post_attention_layernorm;     // [Ha]
+  Tensor input_layernorm, post_attention_layernorm;              // [Ha]
   Tensor pre_feedforward_layernorm, post_feedforward_layernorm;  // [Ha]
-  Tensor q_proj;     // [Nh·D, Ha]
-  Tensor q_norm;     // [D]
-  Tensor o_proj;     // [Ha, Nh·D]
-  Tensor gate_proj, up_proj;  // [I, Ha]
-  Tensor down_proj;  // [Ha, I]
-  Tensor layer_scalar;  // [1]
+  Tensor q_proj;                                                 // [Nh·D, Ha]
+  Tensor q_norm;                                                 // [D]
+  Tensor o_proj;                                                 // [Ha, Nh·D]
+  Tensor gate_proj, up_proj;                                     // [I, Ha]
+  Tensor down_proj;                                              // [Ha, I]
+  Tensor layer_scalar;                                           // [1]
 };
 
 struct AssistantWeights {
@@ -58,7 +58,7 @@ struct DraftStepInputs {
   Tensor positions;     // i32 [B]: the RoPE position of each row (constant within a round)
 };
 struct DraftStepOutputs {
-  Tensor logits;       // f32 [B, V]: the proposal scores (centroid head: min − 1 outside the candidates)
+  Tensor logits;  // f32 [B, V]: the proposal scores (centroid head: min − 1 outside the candidates)
   Tensor tokens;       // i32 [B]: argmax (lowest id on ties)
   Tensor next_hidden;  // f32 [B, Hb]
 };
@@ -67,7 +67,8 @@ class AssistantDrafter {
  public:
   // Loads a gemma4_assistant checkpoint for `target`: rejects a drafter whose
   // attention geometry or sizes do not match the target's donor layers.
-  static std::unique_ptr<AssistantDrafter> load(const std::string& path, const gemma4::Gemma4Config& target,
+  static std::unique_ptr<AssistantDrafter> load(const std::string& path,
+                                                const gemma4::Gemma4Config& target,
                                                 Backend& backend);
   ~AssistantDrafter();
 
@@ -93,10 +94,10 @@ class AssistantDrafter {
   HostTensor inv_freq_sliding_, inv_freq_full_;
   Arena arena_;
   // Centroid-head scratch, sized at load (steps allocate nothing).
-  HostTensor centroid_scores_;  // f32 [B_max, G], regrown if a step has more rows
-  HostTensor candidates_;       // i32 [K · V/G]
-  HostTensor candidate_rows_;   // f32 [K · V/G, Ha]
-  HostTensor candidate_scores_; // f32 [1, K · V/G]
+  HostTensor centroid_scores_;           // f32 [B_max, G], regrown if a step has more rows
+  HostTensor candidates_;                // i32 [K · V/G]
+  HostTensor candidate_rows_;            // f32 [K · V/G, Ha]
+  HostTensor candidate_scores_;          // f32 [1, K · V/G]
   std::vector<int32_t> centroid_order_;  // [G]
 };
 

@@ -30,17 +30,21 @@ Tensor AssistantDraftSource::step(int step_index, std::span<const DraftRow> rows
     HostTensor& h = hidden_[r.request];
     if (h.numel() != Hb) h = HostTensor(DType::kF32, {Hb});
     if (step_index == 0) {
-      SPECULA_CHECK(r.target_hidden != nullptr, "draft step 0 of request {} needs the target hidden", r.request);
+      SPECULA_CHECK(r.target_hidden != nullptr,
+                    "draft step 0 of request {} needs the target hidden", r.request);
       std::memcpy(h.data<float>(), r.target_hidden, static_cast<size_t>(Hb) * sizeof(float));
     }
-    std::memcpy(hidden.data_as<float>() + b * Hb, h.data<float>(), static_cast<size_t>(Hb) * sizeof(float));
+    std::memcpy(hidden.data_as<float>() + b * Hb, h.data<float>(),
+                static_cast<size_t>(Hb) * sizeof(float));
   }
   target_.embed_scaled(ids, embeds);
   donors_.bind(kvs_);
-  DraftStepOutputs out = drafter_.step({.token_embeds = embeds, .hidden = hidden, .positions = positions}, donors_);
+  DraftStepOutputs out =
+      drafter_.step({.token_embeds = embeds, .hidden = hidden, .positions = positions}, donors_);
   for (int64_t b = 0; b < B; ++b) {
     std::memcpy(hidden_[rows[static_cast<size_t>(b)].request].data<float>(),
-                out.next_hidden.data_as<const float>() + b * Hb, static_cast<size_t>(Hb) * sizeof(float));
+                out.next_hidden.data_as<const float>() + b * Hb,
+                static_cast<size_t>(Hb) * sizeof(float));
   }
   return out.logits;
 }

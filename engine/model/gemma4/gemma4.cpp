@@ -12,26 +12,20 @@ namespace {
 // torch.tensor(scale).to(weight.dtype).
 float round_to_dtype(float v, DType dtype) {
   switch (dtype) {
-    case DType::kBF16: return bf16_to_f32(f32_to_bf16(v));
-    case DType::kF16: return f16_to_f32(f32_to_f16(v));
-    default: return v;
-  }
-}
-
-float read_scalar(const Tensor& t, const std::string& what) {
-  SPECULA_CHECK(t.numel() == 1, "{} must hold one value, has {}", what, t.numel());
-  switch (t.dtype()) {
-    case DType::kF32: return *t.data_as<const float>();
-    case DType::kBF16: return bf16_to_f32(*t.data_as<const uint16_t>());
-    case DType::kF16: return f16_to_f32(*t.data_as<const uint16_t>());
-    default: fail("{} has dtype {}, expected a float type", what, t.dtype());
+    case DType::kBF16:
+      return bf16_to_f32(f32_to_bf16(v));
+    case DType::kF16:
+      return f16_to_f32(f32_to_f16(v));
+    default:
+      return v;
   }
 }
 
 }  // namespace
 
 HostTensor rope_inv_freq(const RopeConfig& rope, int head_dim) {
-  SPECULA_CHECK(head_dim > 0 && head_dim % 2 == 0, "RoPE head_dim must be even and positive, got {}", head_dim);
+  SPECULA_CHECK(head_dim > 0 && head_dim % 2 == 0,
+                "RoPE head_dim must be even and positive, got {}", head_dim);
   const int half = head_dim / 2;
   int rotated = half;
   if (rope.kind == RopeConfig::Kind::kProportional) {
@@ -54,21 +48,21 @@ HostTensor rope_inv_freq(const RopeConfig& rope, int head_dim) {
 
 // Per-forward scratch, carved from the arena (views only).
 struct Gemma4Model::Scratch {
-  Tensor ids;        // i32 [M]
-  Tensor positions;  // i32 [M]
-  Tensor h;          // f32 [M, H] residual stream
-  Tensor xn;         // f32 [M, H] normed input of a block
-  Tensor o;          // f32 [M, H] block output
-  Tensor q;          // f32 [M, Nh·Dmax]
-  Tensor attn;       // f32 [M, Nh·Dmax]
-  Tensor k;          // f32 [M, kvmax·Dmax]
-  Tensor v;          // f32 [M, kvmax·Dmax]
-  Tensor gate;       // f32 [M, Imax]
-  Tensor up;         // f32 [M, Imax]
-  Tensor ple;        // f32 [L, M, P] per-layer inputs, layer-major
-  Tensor ple_ctx;    // f32 [M, L·P]
-  Tensor ple_tok;    // f32 [M, L·P]
-  Tensor ple_gate;   // f32 [M, P]
+  Tensor ids;          // i32 [M]
+  Tensor positions;    // i32 [M]
+  Tensor h;            // f32 [M, H] residual stream
+  Tensor xn;           // f32 [M, H] normed input of a block
+  Tensor o;            // f32 [M, H] block output
+  Tensor q;            // f32 [M, Nh·Dmax]
+  Tensor attn;         // f32 [M, Nh·Dmax]
+  Tensor k;            // f32 [M, kvmax·Dmax]
+  Tensor v;            // f32 [M, kvmax·Dmax]
+  Tensor gate;         // f32 [M, Imax]
+  Tensor up;           // f32 [M, Imax]
+  Tensor ple;          // f32 [L, M, P] per-layer inputs, layer-major
+  Tensor ple_ctx;      // f32 [M, L·P]
+  Tensor ple_tok;      // f32 [M, L·P]
+  Tensor ple_gate;     // f32 [M, P]
   Tensor moe_logits;   // f32 [M, E]
   Tensor moe_ids;      // i32 [M, k]
   Tensor moe_weights;  // f32 [M, k]
@@ -92,40 +86,48 @@ struct Gemma4Model::RowPlan {
 
 Gemma4Model::~Gemma4Model() = default;
 
-std::unique_ptr<Gemma4Model> Gemma4Model::load(const std::string& path, const LoadOptions& options) {
+std::unique_ptr<Gemma4Model> Gemma4Model::load(const std::string& path,
+                                               const LoadOptions& options) {
   std::unique_ptr<Gemma4Model> m(new Gemma4Model());
   m->path_ = path;
   m->config_ = load_gemma4_config(path);
   const Gemma4Config& c = m->config_;
   if (c.first_shared_layer == 0) {
-    fail("{}: every layer is KV-shared (num_kv_shared_layers {} == num_hidden_layers): a target model needs "
-         "layers that compute K/V (is this an assistant drafter?)",
-         path, c.num_kv_shared_layers);
+    fail(
+        "{}: every layer is KV-shared (num_kv_shared_layers {} == num_hidden_layers): a target "
+        "model needs "
+        "layers that compute K/V (is this an assistant drafter?)",
+        path, c.num_kv_shared_layers);
   }
   if (!c.tie_word_embeddings) {
-    fail("{}: tie_word_embeddings is false; Gemma 4 ties lm_head to embed_tokens and specula supports only that",
-         path);
+    fail(
+        "{}: tie_word_embeddings is false; Gemma 4 ties lm_head to embed_tokens and specula "
+        "supports only that",
+        path);
   }
   m->checkpoint_ = std::make_unique<io::Checkpoint>(path);
   io::WeightTable table;
   declare_gemma4_weights(c, &m->weights_, &table);
   table.bind(*m->checkpoint_);
   if (!options.device.is_cpu()) {
-    fail("{}: loading onto {} is not supported yet (only the CPU backend exists in this build)", path,
-         options.device.str());
+    fail("{}: loading onto {} is not supported yet (only the CPU backend exists in this build)",
+         path, options.device.str());
   }
   m->backend_ = &backend_for(options.device);
 
   for (int i = 0; i < c.num_hidden_layers; ++i) {
-    m->layer_scalars_.push_back(read_scalar(m->weights_.layers[static_cast<size_t>(i)].layer_scalar,
-                                            fmt::format("{}layers.{}.layer_scalar", c.weight_prefix, i)));
+    m->layer_scalars_.push_back(
+        host_scalar(m->weights_.layers[static_cast<size_t>(i)].layer_scalar,
+                    fmt::format("{}layers.{}.layer_scalar", c.weight_prefix, i)));
   }
   m->inv_freq_sliding_ = rope_inv_freq(c.rope_sliding, c.head_dim);
   m->inv_freq_full_ = rope_inv_freq(c.rope_full, c.global_head_dim);
-  m->embed_scale_ = round_to_dtype(std::sqrt(static_cast<float>(c.hidden_size)), m->weights_.embed_tokens.dtype());
+  m->embed_scale_ = round_to_dtype(std::sqrt(static_cast<float>(c.hidden_size)),
+                                   m->weights_.embed_tokens.dtype());
   if (c.has_ple()) {
-    m->ple_embed_scale_ = round_to_dtype(std::sqrt(static_cast<float>(c.hidden_size_per_layer_input)),
-                                         m->weights_.embed_tokens_per_layer.dtype());
+    m->ple_embed_scale_ =
+        round_to_dtype(std::sqrt(static_cast<float>(c.hidden_size_per_layer_input)),
+                       m->weights_.embed_tokens_per_layer.dtype());
   }
 
   m->kv_spec_.max_context = std::min<int64_t>(options.max_context, c.max_position_embeddings);
@@ -146,7 +148,8 @@ void Gemma4Model::embed_scaled(const Tensor& ids, const Tensor& out) {
   backend_->embedding(weights_.embed_tokens, ids, embed_scale_, out);
 }
 
-const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows, const ForwardOptions& options) {
+const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
+                                          const ForwardOptions& options) {
   const Gemma4Config& c = config_;
   Backend& be = *backend_;
   SPECULA_CHECK(!rows.empty(), "forward needs at least one row");
@@ -226,8 +229,10 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows, cons
         if (ls.kv_shared || ls.type != LayerType::kSliding) continue;
         const int64_t from = std::max<int64_t>(0, p.pos0 - c.sliding_window + 1);
         const int64_t rows_needed = p.pos0 - from + p.n;
-        p.gather_k[static_cast<size_t>(l)] = a.alloc(DType::kF32, {rows_needed, ls.n_kv_heads, ls.head_dim});
-        p.gather_v[static_cast<size_t>(l)] = a.alloc(DType::kF32, {rows_needed, ls.n_kv_heads, ls.head_dim});
+        p.gather_k[static_cast<size_t>(l)] =
+            a.alloc(DType::kF32, {rows_needed, ls.n_kv_heads, ls.head_dim});
+        p.gather_v[static_cast<size_t>(l)] =
+            a.alloc(DType::kF32, {rows_needed, ls.n_kv_heads, ls.head_dim});
       }
     }
   };
@@ -255,7 +260,8 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows, cons
     be.linear(s.h, weights_.per_layer_model_projection, s.ple_ctx);
     be.scale(s.ple_ctx, 1.0f / std::sqrt(static_cast<float>(H)), s.ple_ctx);
     Tensor ctx_rows = s.ple_ctx.reshape({M * L, P});
-    be.rms_norm(ctx_rows, weights_.per_layer_projection_norm, static_cast<float>(c.rms_norm_eps), ctx_rows);
+    be.rms_norm(ctx_rows, weights_.per_layer_projection_norm, static_cast<float>(c.rms_norm_eps),
+                ctx_rows);
     be.add(s.ple_ctx, s.ple_tok, s.ple_ctx);
     be.scale(s.ple_ctx, static_cast<float>(1.0 / std::sqrt(2.0)), s.ple_ctx);
     // [M, L, P] -> [L, M, P] so that each layer reads one contiguous [M, P] block.
@@ -307,7 +313,8 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows, cons
     const RowPlan& p = plans_[r];
     output_.row_out_begin[r] = out;
     const int64_t first = rows[r].all_logits ? 0 : p.n - 1;
-    be.copy(s.h.slice_rows(p.begin + first, p.begin + p.n), s.out_hidden.slice_rows(out, out + p.n - first));
+    be.copy(s.h.slice_rows(p.begin + first, p.begin + p.n),
+            s.out_hidden.slice_rows(out, out + p.n - first));
     out += p.n - first;
   }
   output_.row_out_begin[rows.size()] = out;
@@ -316,12 +323,14 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows, cons
   output_.logits = Tensor();
   if (options.compute_logits) {
     be.linear(s.out_hidden, weights_.embed_tokens, s.logits);
-    if (c.final_logit_softcapping) be.softcap(s.logits, static_cast<float>(*c.final_logit_softcapping), s.logits);
+    if (c.final_logit_softcapping)
+      be.softcap(s.logits, static_cast<float>(*c.final_logit_softcapping), s.logits);
     output_.logits = s.logits;
   }
   if (options.capture_layer_hidden) {
     output_.layer_hidden.emplace_back(DType::kF32, Shape{M, H});
-    be.rms_norm(s.h, weights_.norm, static_cast<float>(c.rms_norm_eps), output_.layer_hidden.back());
+    be.rms_norm(s.h, weights_.norm, static_cast<float>(c.rms_norm_eps),
+                output_.layer_hidden.back());
   }
 
   for (size_t r = 0; r < rows.size(); ++r) rows[r].kv->commit(plans_[r].n);

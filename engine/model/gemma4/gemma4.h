@@ -24,9 +24,9 @@
 namespace specula::gemma4 {
 
 struct ForwardRow {
-  SequenceKv* kv = nullptr;              // this row's cache; not owned
-  std::span<const int32_t> tokens;       // at least one token
-  bool all_logits = false;               // outputs for every token, else only the last
+  SequenceKv* kv = nullptr;         // this row's cache; not owned
+  std::span<const int32_t> tokens;  // at least one token
+  bool all_logits = false;          // outputs for every token, else only the last
 };
 
 struct ForwardOptions {
@@ -42,8 +42,8 @@ struct ForwardOptions {
 // Results of one forward. Views point into the model's scratch and stay valid
 // until the next forward on the same model.
 struct ForwardOutput {
-  Tensor logits;   // f32 [n_out, V] after soft-capping (empty unless compute_logits)
-  Tensor hidden;   // f32 [n_out, H] post-final-norm hidden of the same positions
+  Tensor logits;  // f32 [n_out, V] after soft-capping (empty unless compute_logits)
+  Tensor hidden;  // f32 [n_out, H] post-final-norm hidden of the same positions
   std::vector<int64_t> row_out_begin;  // row r's outputs are [row_out_begin[r], row_out_begin[r+1])
   std::vector<HostTensor> layer_hidden;  // L+1 tensors f32 [M, H] when captured
   // Donor K/V of row 0 (f32 [T, kv, D]) and the absolute position of their first row.
@@ -64,7 +64,8 @@ class Gemma4Model {
  public:
   // Loads config.json and the safetensors checkpoint of `path`; every tensor
   // name, shape and dtype is checked (errors name the file and tensor).
-  static std::unique_ptr<Gemma4Model> load(const std::string& path, const LoadOptions& options = {});
+  static std::unique_ptr<Gemma4Model> load(const std::string& path,
+                                           const LoadOptions& options = {});
 
   ~Gemma4Model();
   Gemma4Model(const Gemma4Model&) = delete;
@@ -82,7 +83,8 @@ class Gemma4Model {
   // Runs the decoder over `rows` and commits every row's tokens to its cache.
   // Throws (leaving every cache length unchanged) on bad input: an id outside
   // the vocabulary, a row that would exceed its context.
-  const ForwardOutput& forward(std::span<const ForwardRow> rows, const ForwardOptions& options = {});
+  const ForwardOutput& forward(std::span<const ForwardRow> rows,
+                               const ForwardOptions& options = {});
 
   // The target's scaled input embedding (×√H cast to the table dtype), as the
   // assistant drafter consumes it. ids i32 [N] → out f32 [N, H].
@@ -91,7 +93,8 @@ class Gemma4Model {
  private:
   Gemma4Model() = default;
   struct RowPlan;
-  void run_layer(int layer, std::span<const ForwardRow> rows, std::span<RowPlan> plans, const ForwardOptions& options);
+  void run_layer(int layer, std::span<const ForwardRow> rows, std::span<RowPlan> plans,
+                 const ForwardOptions& options);
 
   std::string path_;
   Gemma4Config config_;

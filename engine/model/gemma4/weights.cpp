@@ -43,14 +43,15 @@ void declare_gemma4_weights(const Gemma4Config& c, Gemma4Weights* w, io::WeightT
     t->add(lp + "self_attn.o_proj.weight", {H, c.num_attention_heads * D}, &lw.o_proj);
     if (spec.kv_shared) {
       // Shared layers read their donor's K/V; checkpoint copies are ignored (§5).
-      for (const char* n : {"self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight",
-                            "self_attn.v_norm.weight"}) {
+      for (const char* n : {"self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                            "self_attn.k_norm.weight", "self_attn.v_norm.weight"}) {
         t->ignore(lp + n);
       }
     } else {
       t->add(lp + "self_attn.k_proj.weight", {spec.n_kv_heads * D, H}, &lw.k_proj);
       t->add(lp + "self_attn.k_norm.weight", {D}, &lw.k_norm);
-      if (!spec.k_eq_v) t->add(lp + "self_attn.v_proj.weight", {spec.n_kv_heads * D, H}, &lw.v_proj);
+      if (!spec.k_eq_v)
+        t->add(lp + "self_attn.v_proj.weight", {spec.n_kv_heads * D, H}, &lw.v_proj);
     }
     t->add(lp + "mlp.gate_proj.weight", {I, H}, &lw.gate_proj);
     t->add(lp + "mlp.up_proj.weight", {I, H}, &lw.up_proj);

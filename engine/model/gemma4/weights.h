@@ -27,26 +27,26 @@ struct Gemma4LayerWeights {
   Tensor down_proj;                   // [H, I]
   Tensor layer_scalar;                // [1]
   // Per-layer embeddings (hidden_size_per_layer_input = P > 0).
-  Tensor per_layer_input_gate;        // [P, H]
-  Tensor per_layer_projection;        // [H, P]
-  Tensor post_per_layer_input_norm;   // [H]
+  Tensor per_layer_input_gate;       // [P, H]
+  Tensor per_layer_projection;       // [H, P]
+  Tensor post_per_layer_input_norm;  // [H]
   // Mixture of experts (enable_moe_block).
-  Tensor router_proj;                 // [E, H]
-  Tensor router_scale;                // [H]
-  Tensor router_per_expert_scale;     // [E]
-  Tensor experts_gate_up;             // [E, 2·I_moe, H]
-  Tensor experts_down;                // [E, H, I_moe]
+  Tensor router_proj;                   // [E, H]
+  Tensor router_scale;                  // [H]
+  Tensor router_per_expert_scale;       // [E]
+  Tensor experts_gate_up;               // [E, 2·I_moe, H]
+  Tensor experts_down;                  // [E, H, I_moe]
   Tensor pre_feedforward_layernorm_2;   // [H]
   Tensor post_feedforward_layernorm_1;  // [H]
   Tensor post_feedforward_layernorm_2;  // [H]
 };
 
 struct Gemma4Weights {
-  Tensor embed_tokens;                 // [V, H], also the tied lm_head
-  Tensor norm;                         // [H]
-  Tensor embed_tokens_per_layer;       // [V_ple, L·P]
-  Tensor per_layer_model_projection;   // [L·P, H]
-  Tensor per_layer_projection_norm;    // [P]
+  Tensor embed_tokens;                // [V, H], also the tied lm_head
+  Tensor norm;                        // [H]
+  Tensor embed_tokens_per_layer;      // [V_ple, L·P]
+  Tensor per_layer_model_projection;  // [L·P, H]
+  Tensor per_layer_projection_norm;   // [P]
   std::vector<Gemma4LayerWeights> layers;
 };
 
@@ -54,6 +54,7 @@ struct Gemma4Weights {
 // `table`, binding to fields of `weights`. Tensors the model never reads
 // (k/v projections of shared layers, lm_head.weight of tied checkpoints, the
 // vision and audio towers) are declared ignored.
-void declare_gemma4_weights(const Gemma4Config& config, Gemma4Weights* weights, io::WeightTable* table);
+void declare_gemma4_weights(const Gemma4Config& config, Gemma4Weights* weights,
+                            io::WeightTable* table);
 
 }  // namespace specula::gemma4

@@ -21,15 +21,19 @@ namespace {
 using testing::relative_error;
 using testing::to_ids;
 
-std::string models_dir() { return std::string(SPECULA_SOURCE_DIR) + "/models"; }
+std::string models_dir() {
+  return std::string(SPECULA_SOURCE_DIR) + "/models";
+}
 
 class EmbeddedFamily : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    if (!std::filesystem::exists(models_dir() + "/gemma4-tiny-py") || !testing::golden_exists("embedded")) return;
+    if (!std::filesystem::exists(models_dir() + "/gemma4-tiny-py") ||
+        !testing::golden_exists("embedded"))
+      return;
     target_ = gemma4::Gemma4Model::load(models_dir() + "/gemma4-tiny-py").release();
-    drafter_ = assistant::AssistantDrafter::load(models_dir() + "/gemma4-tiny-py-assistant", target_->config(),
-                                                 target_->backend())
+    drafter_ = assistant::AssistantDrafter::load(models_dir() + "/gemma4-tiny-py-assistant",
+                                                 target_->config(), target_->backend())
                    .release();
     expected_ = new io::SafetensorsFile(testing::golden_dir("embedded") + "/expected.safetensors");
   }
@@ -71,7 +75,8 @@ TEST_F(EmbeddedFamily, GreedyContinuationsMatchTransformers) {
     // Prompt 2, token 30: transformers' GPU run disagrees with two fp32 CPU
     // implementations by a 3.2-logit margin (meta.json known_issues): compare before it.
     const size_t compare = i == 2 ? 30 : got.size();
-    for (size_t t = 0; t < compare; ++t) ASSERT_EQ(got[t], want[prompt.size() + t]) << "prompt " << i << " token " << t;
+    for (size_t t = 0; t < compare; ++t)
+      ASSERT_EQ(got[t], want[prompt.size() + t]) << "prompt " << i << " token " << t;
   }
 }
 
@@ -84,10 +89,14 @@ TEST_F(EmbeddedFamily, SpeculativeAcceptanceEqualsPyTorch) {
     req.params.temperature = 0;
     req.params.max_tokens = 32;
     const auto plain = spec::decode(*target_, nullptr, std::span(&req, 1), {}).front();
-    const auto specd = spec::decode(*target_, &source, std::span(&req, 1), {.draft_tokens = 4}).front();
+    const auto specd =
+        spec::decode(*target_, &source, std::span(&req, 1), {.draft_tokens = 4}).front();
     EXPECT_EQ(specd.tokens, plain.tokens) << "prompt " << i;
-    EXPECT_EQ(specd.stats.round_drafted, to_ids(expected_->get(fmt::format("spec_drafted.{}", i)))) << "prompt " << i;
-    EXPECT_EQ(specd.stats.round_accepted, to_ids(expected_->get(fmt::format("spec_accepted.{}", i)))) << "prompt " << i;
+    EXPECT_EQ(specd.stats.round_drafted, to_ids(expected_->get(fmt::format("spec_drafted.{}", i))))
+        << "prompt " << i;
+    EXPECT_EQ(specd.stats.round_accepted,
+              to_ids(expected_->get(fmt::format("spec_accepted.{}", i))))
+        << "prompt " << i;
   }
 }
 

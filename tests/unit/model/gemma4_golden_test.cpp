@@ -25,9 +25,11 @@ constexpr double kF32Tolerance = 1e-4;
 class Gemma4Golden : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    if (!testing::golden_exists(GetParam())) GTEST_SKIP() << "fixture " << GetParam() << " not generated";
+    if (!testing::golden_exists(GetParam()))
+      GTEST_SKIP() << "fixture " << GetParam() << " not generated";
     model_ = Gemma4Model::load(golden_dir(GetParam()));
-    expected_ = std::make_unique<io::SafetensorsFile>(golden_dir(GetParam()) + "/expected.safetensors");
+    expected_ =
+        std::make_unique<io::SafetensorsFile>(golden_dir(GetParam()) + "/expected.safetensors");
   }
   Tensor expected(const std::string& name) const { return expected_->get(name); }
 
@@ -42,8 +44,8 @@ double donor_error(const Tensor& engine, const Tensor& hf) {
   HostTensor t(DType::kF32, {KV, T, D});
   for (int64_t i = 0; i < T; ++i)
     for (int64_t h = 0; h < KV; ++h)
-      std::memcpy(t.data<float>() + (h * T + i) * D, engine.data_as<const float>() + (i * KV + h) * D,
-                  static_cast<size_t>(D) * 4);
+      std::memcpy(t.data<float>() + (h * T + i) * D,
+                  engine.data_as<const float>() + (i * KV + h) * D, static_cast<size_t>(D) * 4);
   return relative_error(t, hf);
 }
 
@@ -51,14 +53,16 @@ TEST_P(Gemma4Golden, PrefillMatchesTransformers) {
   const std::vector<int32_t> ids = to_ids(expected("input_ids"));
   SequenceKv kv = model_->new_sequence();
   ForwardRow row{.kv = &kv, .tokens = ids, .all_logits = true};
-  ForwardOptions options{.compute_logits = true, .capture_layer_hidden = true, .capture_donor_kv = true};
+  ForwardOptions options{
+      .compute_logits = true, .capture_layer_hidden = true, .capture_donor_kv = true};
   const auto& out = model_->forward(std::span(&row, 1), options);
 
   double worst = 0;
   const int L = model_->config().num_hidden_layers;
   ASSERT_EQ(out.layer_hidden.size(), static_cast<size_t>(L + 1));
   for (int i = 0; i <= L; ++i) {
-    const double err = relative_error(out.layer_hidden[static_cast<size_t>(i)], expected(fmt::format("hidden_states.{}", i)));
+    const double err = relative_error(out.layer_hidden[static_cast<size_t>(i)],
+                                      expected(fmt::format("hidden_states.{}", i)));
     EXPECT_LT(err, kF32Tolerance) << "hidden_states." << i;
     worst = std::max(worst, err);
   }
@@ -66,15 +70,18 @@ TEST_P(Gemma4Golden, PrefillMatchesTransformers) {
   EXPECT_LT(logit_err, kF32Tolerance);
   worst = std::max(worst, logit_err);
   for (const char* type : {"sliding_attention", "full_attention"}) {
-    const auto& donor = std::string(type) == "sliding_attention" ? out.sliding_donor : out.full_donor;
+    const auto& donor =
+        std::string(type) == "sliding_attention" ? out.sliding_donor : out.full_donor;
     const std::string name = fmt::format("shared_kv.{}.k", type);
     if (!expected_->contains(name)) continue;
     ASSERT_TRUE(donor.has_value()) << type;
     EXPECT_LT(donor_error(donor->k, expected(name)), kF32Tolerance) << name;
-    EXPECT_LT(donor_error(donor->v, expected(fmt::format("shared_kv.{}.v", type))), kF32Tolerance) << type;
+    EXPECT_LT(donor_error(donor->v, expected(fmt::format("shared_kv.{}.v", type))), kF32Tolerance)
+        << type;
   }
   RecordProperty("worst_relative_error", fmt::format("{:.3g}", worst));
-  std::printf("[ parity ] %s worst relative error %.3g (logits %.3g)\n", GetParam().c_str(), worst, logit_err);
+  std::printf("[ parity ] %s worst relative error %.3g (logits %.3g)\n", GetParam().c_str(), worst,
+              logit_err);
 }
 
 TEST_P(Gemma4Golden, GreedyGenerationMatchesTransformers) {
@@ -97,12 +104,14 @@ TEST_P(Gemma4Golden, BatchedRowsEqualRowsAlone) {
   ForwardRow rows[] = {{.kv = &kv_a, .tokens = a, .all_logits = true},
                        {.kv = &kv_b, .tokens = b, .all_logits = true}};
   const auto& prefill = model_->forward(rows);
-  HostTensor batch_logits(DType::kF32, prefill.logits.shape());  // outputs are overwritten by the next forward
+  HostTensor batch_logits(DType::kF32,
+                          prefill.logits.shape());  // outputs are overwritten by the next forward
   std::memcpy(batch_logits.data<float>(), prefill.logits.data(), prefill.logits.nbytes());
   const Tensor& out_logits = batch_logits.view();
   const int64_t na = static_cast<int64_t>(a.size());
   EXPECT_LT(relative_error(out_logits.slice_rows(0, na), expected("logits")), kF32Tolerance);
-  EXPECT_LT(relative_error(out_logits.slice_rows(na, na + static_cast<int64_t>(b.size())), expected("logits_b")),
+  EXPECT_LT(relative_error(out_logits.slice_rows(na, na + static_cast<int64_t>(b.size())),
+                           expected("logits_b")),
             kF32Tolerance);
 
   // Decode both rows (now at different positions) together for 12 steps, and
@@ -183,7 +192,8 @@ TEST(Gemma4GoldenBf16, Bf16CheckpointMatchesTransformersBf16) {
   HostTensor want(DType::kF32, out.logits.shape());
   Tensor e = expected.get("logits");
   if (e.dtype() == DType::kBF16) {
-    for (int64_t i = 0; i < e.numel(); ++i) want.data<float>()[i] = bf16_to_f32(e.data_as<const uint16_t>()[i]);
+    for (int64_t i = 0; i < e.numel(); ++i)
+      want.data<float>()[i] = bf16_to_f32(e.data_as<const uint16_t>()[i]);
   } else {
     std::memcpy(want.data<float>(), e.data(), e.nbytes());
   }

@@ -10,9 +10,9 @@
 
 #include "engine/draft/assistant/assistant.h"
 #include "engine/draft/assistant/assistant_drafter.h"
-#include "engine/spec/decoder.h"
 #include "engine/io/safetensors.h"
 #include "engine/model/gemma4/gemma4.h"
+#include "engine/spec/decoder.h"
 #include "tests/unit/model/golden_util.h"
 
 namespace specula {
@@ -36,7 +36,8 @@ TEST_P(AssistantGolden, DraftStepsAfterPrefillMatchTransformers) {
     GTEST_SKIP() << "fixtures " << c.target << " / " << c.drafter << " not generated";
   }
   auto target = gemma4::Gemma4Model::load(golden_dir(c.target));
-  auto drafter = assistant::AssistantDrafter::load(golden_dir(c.drafter), target->config(), target->backend());
+  auto drafter =
+      assistant::AssistantDrafter::load(golden_dir(c.drafter), target->config(), target->backend());
   EXPECT_EQ(drafter->centroid_head(), c.centroid) << drafter->head_description();
   io::SafetensorsFile want(golden_dir(c.drafter) + "/expected.safetensors");
   io::SafetensorsFile target_want(golden_dir(c.target) + "/expected.safetensors");
@@ -46,7 +47,8 @@ TEST_P(AssistantGolden, DraftStepsAfterPrefillMatchTransformers) {
   gemma4::ForwardRow row{.kv = &kv, .tokens = prompt};
   const auto& out = target->forward(std::span(&row, 1));
   auto logits = out.logits.f32();
-  int32_t token = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  int32_t token =
+      static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   const int64_t Hb = target->config().hidden_size;
   HostTensor hidden(DType::kF32, {1, Hb});
   std::memcpy(hidden.data<float>(), out.hidden.data(), out.hidden.nbytes());
@@ -63,15 +65,20 @@ TEST_P(AssistantGolden, DraftStepsAfterPrefillMatchTransformers) {
     target->embed_scaled(ids, embeds);
     // The drafter's input is [embedding ; hidden]: check both halves against transformers.
     Tensor inputs = want.get(fmt::format("draft_fixed.inputs_embeds.{}", step));
-    EXPECT_LT(relative_error(embeds, Tensor(inputs.data(), DType::kF32, {1, Hb})), 1e-5) << "step " << step;
-    auto s = drafter->step({.token_embeds = embeds, .hidden = hidden, .positions = positions}, donors);
-    const double e_logits = relative_error(s.logits, want.get(fmt::format("draft_fixed.logits.{}", step)));
-    const double e_hidden = relative_error(s.next_hidden, want.get(fmt::format("draft_fixed.next_hidden.{}", step)));
+    EXPECT_LT(relative_error(embeds, Tensor(inputs.data(), DType::kF32, {1, Hb})), 1e-5)
+        << "step " << step;
+    auto s =
+        drafter->step({.token_embeds = embeds, .hidden = hidden, .positions = positions}, donors);
+    const double e_logits =
+        relative_error(s.logits, want.get(fmt::format("draft_fixed.logits.{}", step)));
+    const double e_hidden =
+        relative_error(s.next_hidden, want.get(fmt::format("draft_fixed.next_hidden.{}", step)));
     EXPECT_LT(e_logits, 1e-4) << "step " << step;
     EXPECT_LT(e_hidden, 1e-4) << "step " << step;
     worst = std::max({worst, e_logits, e_hidden});
     token = s.tokens.i32()[0];
-    EXPECT_EQ(token, to_ids(want.get(fmt::format("draft_fixed.token.{}", step)))[0]) << "step " << step;
+    EXPECT_EQ(token, to_ids(want.get(fmt::format("draft_fixed.token.{}", step)))[0])
+        << "step " << step;
     std::memcpy(hidden.data<float>(), s.next_hidden.data(), s.next_hidden.nbytes());
   }
   std::printf("[ parity ] %s worst relative error %.3g\n", c.drafter, worst);
@@ -81,7 +88,8 @@ TEST_P(AssistantGolden, AssistedGreedyGenerationReproducesTransformers) {
   const DrafterCase c = GetParam();
   if (!testing::golden_exists(c.target) || !testing::golden_exists(c.drafter)) GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden_dir(c.target));
-  auto drafter = assistant::AssistantDrafter::load(golden_dir(c.drafter), target->config(), target->backend());
+  auto drafter =
+      assistant::AssistantDrafter::load(golden_dir(c.drafter), target->config(), target->backend());
   assistant::AssistantDraftSource source(*target, *drafter);
   io::SafetensorsFile want(golden_dir(c.drafter) + "/expected.safetensors");
   const std::vector<int32_t> prompt = to_ids(want.get("input_ids"));
@@ -99,15 +107,18 @@ TEST_P(AssistantGolden, AssistedGreedyGenerationReproducesTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, AssistantGolden,
                          ::testing::Values(DrafterCase{"e2b_like", "e2b_like_assistant", true},
-                                           DrafterCase{"e2b_like", "e2b_like_assistant_dense", false},
+                                           DrafterCase{"e2b_like", "e2b_like_assistant_dense",
+                                                       false},
                                            DrafterCase{"dense_kev", "dense_kev_assistant", false}),
                          [](const auto& info) { return std::string(info.param.drafter); });
 
 TEST(AssistantLoad, RejectsADrafterForAnotherTarget) {
-  if (!testing::golden_exists("dense_kev") || !testing::golden_exists("e2b_like_assistant")) GTEST_SKIP();
+  if (!testing::golden_exists("dense_kev") || !testing::golden_exists("e2b_like_assistant"))
+    GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden_dir("dense_kev"));
   try {
-    (void)assistant::AssistantDrafter::load(golden_dir("e2b_like_assistant"), target->config(), target->backend());
+    (void)assistant::AssistantDrafter::load(golden_dir("e2b_like_assistant"), target->config(),
+                                            target->backend());
     FAIL() << "a drafter with mismatched donor geometry must be rejected";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("e2b_like_assistant"), std::string::npos) << e.what();

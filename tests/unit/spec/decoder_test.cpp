@@ -51,9 +51,11 @@ class SpeculationInvariance : public ::testing::TestWithParam<Pair> {};
 
 TEST_P(SpeculationInvariance, GreedyOutputIdenticalWithAndWithoutDrafter) {
   const Pair c = GetParam();
-  if (!testing::golden_exists(c.target) || !testing::golden_exists(c.drafter)) GTEST_SKIP() << "fixtures missing";
+  if (!testing::golden_exists(c.target) || !testing::golden_exists(c.drafter))
+    GTEST_SKIP() << "fixtures missing";
   auto target = gemma4::Gemma4Model::load(golden_dir(c.target));
-  auto drafter = assistant::AssistantDrafter::load(golden_dir(c.drafter), target->config(), target->backend());
+  auto drafter =
+      assistant::AssistantDrafter::load(golden_dir(c.drafter), target->config(), target->backend());
   assistant::AssistantDraftSource source(*target, *drafter);
   const int vocab = target->config().vocab_size;
   for (int batch : {1, 3, 8}) {
@@ -67,8 +69,10 @@ TEST_P(SpeculationInvariance, GreedyOutputIdenticalWithAndWithoutDrafter) {
         EXPECT_EQ(specd[static_cast<size_t>(b)].stats.drafted > 0, true);
       }
     }
-    const auto adaptive = spec::decode(*target, &source, reqs, {.draft_tokens = 2, .adaptive = true, .max_draft_tokens = 8});
-    for (int b = 0; b < batch; ++b) EXPECT_EQ(adaptive[static_cast<size_t>(b)].tokens, plain[static_cast<size_t>(b)].tokens);
+    const auto adaptive = spec::decode(
+        *target, &source, reqs, {.draft_tokens = 2, .adaptive = true, .max_draft_tokens = 8});
+    for (int b = 0; b < batch; ++b)
+      EXPECT_EQ(adaptive[static_cast<size_t>(b)].tokens, plain[static_cast<size_t>(b)].tokens);
   }
 }
 
@@ -83,7 +87,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculationInvariance,
 // rollbacks, which random drafters rarely reach.
 class OracleDrafter : public Drafter {
  public:
-  OracleDrafter(std::map<int, std::vector<int32_t>> truth, int64_t vocab) : truth_(std::move(truth)), vocab_(vocab) {}
+  OracleDrafter(std::map<int, std::vector<int32_t>> truth, int64_t vocab)
+      : truth_(std::move(truth)), vocab_(vocab) {}
   int64_t vocab_size() const override { return vocab_; }
   Tensor step(int step_index, std::span<const DraftRow> rows) override {
     logits_ = HostTensor(DType::kF32, {static_cast<int64_t>(rows.size()), vocab_});
@@ -91,9 +96,11 @@ class OracleDrafter : public Drafter {
       const DraftRow& r = rows[b];
       // Position of the token being proposed, counted in generated tokens.
       const auto& t = truth_[r.request];
-      const size_t gen_index = static_cast<size_t>(r.position) - prompt_len_[r.request] + 1 + static_cast<size_t>(step_index);
+      const size_t gen_index = static_cast<size_t>(r.position) - prompt_len_[r.request] + 1 +
+                               static_cast<size_t>(step_index);
       int32_t tok = gen_index < t.size() ? t[gen_index] : 0;
-      if ((r.position + step_index) % 5 == 3) tok = (tok + 1) % static_cast<int32_t>(vocab_);  // scripted miss
+      if ((r.position + step_index) % 5 == 3)
+        tok = (tok + 1) % static_cast<int32_t>(vocab_);  // scripted miss
       logits_.data<float>()[static_cast<int64_t>(b) * vocab_ + tok] = 10.0f;
       ++calls_;
     }
@@ -125,7 +132,8 @@ TEST(SpeculationOracle, MostlyRightDrafterIsLosslessAndAccepts) {
       ASSERT_EQ(r.tokens, plain[static_cast<size_t>(i)].tokens) << "k " << k;
       EXPECT_GT(r.stats.acceptance_rate(), 0.5) << "k " << k;
       EXPECT_GT(r.stats.mean_accepted_length(), 1.5) << "k " << k;
-      EXPECT_LT(r.stats.target_forwards, plain[static_cast<size_t>(i)].stats.target_forwards) << "k " << k;
+      EXPECT_LT(r.stats.target_forwards, plain[static_cast<size_t>(i)].stats.target_forwards)
+          << "k " << k;
       EXPECT_EQ(r.stats.accepted + r.stats.rounds + 1, r.stats.generated_tokens)
           << "every round commits accepted + 1 tokens, plus the prefill's token";
     }
@@ -134,7 +142,8 @@ TEST(SpeculationOracle, MostlyRightDrafterIsLosslessAndAccepts) {
 
 // Exact marginal of the second generated token under the target:
 // P(t2) = Σ_t1 p(t1 | prompt) p(t2 | prompt, t1), with p processed by `params`.
-std::vector<double> exact_second_token(gemma4::Gemma4Model& target, const std::vector<int32_t>& prompt,
+std::vector<double> exact_second_token(gemma4::Gemma4Model& target,
+                                       const std::vector<int32_t>& prompt,
                                        const SamplingParams& params) {
   const int64_t V = target.config().vocab_size;
   SamplingWorkspace ws(V);
@@ -153,8 +162,11 @@ std::vector<double> exact_second_token(gemma4::Gemma4Model& target, const std::v
     ctx.push_back(t1);
     gemma4::ForwardRow r2{.kv = &kv2, .tokens = ctx};
     const auto& o2 = target.forward(std::span(&r2, 1));
-    auto p2 = process_logits(o2.logits.f32(), {.tokens = ctx, .num_prompt = prompt.size()}, params, ws);
-    for (int64_t v = 0; v < V; ++v) marginal[static_cast<size_t>(v)] += probs1[static_cast<size_t>(t1)] * p2[static_cast<size_t>(v)];
+    auto p2 =
+        process_logits(o2.logits.f32(), {.tokens = ctx, .num_prompt = prompt.size()}, params, ws);
+    for (int64_t v = 0; v < V; ++v)
+      marginal[static_cast<size_t>(v)] +=
+          probs1[static_cast<size_t>(t1)] * p2[static_cast<size_t>(v)];
   }
   return marginal;
 }
@@ -167,9 +179,11 @@ struct SamplingCase {
 class SpeculativeSampling : public ::testing::TestWithParam<SamplingCase> {};
 
 TEST_P(SpeculativeSampling, SecondTokenFollowsTheTargetDistribution) {
-  if (!testing::golden_exists("e2b_like") || !testing::golden_exists("e2b_like_assistant")) GTEST_SKIP();
+  if (!testing::golden_exists("e2b_like") || !testing::golden_exists("e2b_like_assistant"))
+    GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden_dir("e2b_like"));
-  auto drafter = assistant::AssistantDrafter::load(golden_dir("e2b_like_assistant"), target->config(), target->backend());
+  auto drafter = assistant::AssistantDrafter::load(golden_dir("e2b_like_assistant"),
+                                                   target->config(), target->backend());
   assistant::AssistantDraftSource source(*target, *drafter);
   const std::vector<int32_t> prompt = {5, 17, 33, 2, 90, 41, 7};
   SamplingParams params;
@@ -214,19 +228,22 @@ TEST_P(SpeculativeSampling, SecondTokenFollowsTheTargetDistribution) {
     chi2 += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
     ++dof;
   }
-  // 99.9% quantile of chi-square via Wilson-Hilferty; the seeds are fixed, so this is deterministic.
+  // 99.9% quantile of chi-square via Wilson-Hilferty; the seeds are fixed, so this is
+  // deterministic.
   const double z = 3.09;
   const double k = std::max(dof, 1);
   const double limit = k * std::pow(1 - 2 / (9 * k) + z * std::sqrt(2 / (9 * k)), 3);
-  std::printf("[ sampling ] T=%.1f top_p=%.2f chi2=%.1f dof=%d limit=%.1f acceptance=%.3f\n", params.temperature,
-              params.top_p, chi2, dof, limit, drafted ? static_cast<double>(accepted) / drafted : 0.0);
+  std::printf("[ sampling ] T=%.1f top_p=%.2f chi2=%.1f dof=%d limit=%.1f acceptance=%.3f\n",
+              params.temperature, params.top_p, chi2, dof, limit,
+              drafted ? static_cast<double>(accepted) / drafted : 0.0);
   EXPECT_GT(accepted, 0) << "the test must exercise accepted drafts";
   EXPECT_LT(accepted, drafted) << "the test must exercise rejections";
   EXPECT_LT(chi2, limit);
 }
 
 INSTANTIATE_TEST_SUITE_P(Temperatures, SpeculativeSampling,
-                         ::testing::Values(SamplingCase{0.7f, 1.0f}, SamplingCase{1.0f, 1.0f}, SamplingCase{1.0f, 0.9f}));
+                         ::testing::Values(SamplingCase{0.7f, 1.0f}, SamplingCase{1.0f, 1.0f},
+                                           SamplingCase{1.0f, 0.9f}));
 
 }  // namespace
 }  // namespace specula
