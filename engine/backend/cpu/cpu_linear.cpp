@@ -37,7 +37,7 @@ void gemv_rows(const float* x, int64_t m_rows, const Tensor& w, float* y) {
         to_f32(row + static_cast<size_t>(k0) * elt, dtype, converted, len);
         wk = converted;
       }
-      for (int64_t m = 0; m < m_rows; ++m) dot_accumulate(x + m * k + k0, wk, len, lanes[m]);
+      dot_accumulate_rows(x + k0, k, m_rows, wk, len, lanes);
     }
     for (int64_t m = 0; m < m_rows; ++m) y[m * n + r] = reduce_lanes(lanes[m]);
   }
@@ -71,10 +71,11 @@ void dot_rows(const float* x, int64_t m_rows, const Tensor& w, float* y, Scratch
     } else {
       wr = w.data_as<const float>() + r * k;
     }
-    for (int64_t m = 0; m < m_rows; ++m) {
-      float lanes[kLanes] = {};
-      dot_accumulate(x + m * k, wr, k, lanes);
-      y[m * n + r] = reduce_lanes(lanes);
+    for (int64_t m0 = 0; m0 < m_rows; m0 += kGemvMaxRows) {
+      const int64_t mb = std::min(kGemvMaxRows, m_rows - m0);
+      float lanes[kGemvMaxRows][kLanes] = {};
+      dot_accumulate_rows(x + m0 * k, k, mb, wr, k, lanes);
+      for (int64_t m = 0; m < mb; ++m) y[(m0 + m) * n + r] = reduce_lanes(lanes[m]);
     }
   }
 }
