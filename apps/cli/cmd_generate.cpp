@@ -32,59 +32,48 @@ void run_generate(const GenerateArgs& args) {
   const bool speculative = m.draft_source != nullptr;
   Drafter* drafter = m.draft_source.get();
 
-  if (text_mode) {
-    std::vector<int32_t> prompt = m.tokenizer->encode(args.prompt, /*add_special_tokens=*/true);
-    if (!args.json) {
-      std::fputs(args.prompt.c_str(), stdout);
-      std::fflush(stdout);
-    }
-    TextGenerationResult r = generate_text(*m.target, drafter, *m.tokenizer, prompt, params,
-                                           args.schedule, [&](std::string_view text) {
-                                             if (!args.json) {
-                                               std::fwrite(text.data(), 1, text.size(), stdout);
-                                               std::fflush(stdout);
-                                             }
-                                             return true;
-                                           });
+  // Streams to stdout unless --json; ends with the JSON object or the summary line.
+  auto stream = [&](std::string_view piece) {
+    if (args.json) return;
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  };
+  auto finish = [&](nlohmann::json j, const std::vector<int32_t>& tokens, const std::string& reason,
+                    const spec::DecodeStats& stats) {
     if (args.json) {
-      nlohmann::json j = {{"model", m.model_dir},
-                          {"draft", m.draft_dir},
-                          {"prompt", args.prompt},
-                          {"text", r.text},
-                          {"tokens", r.tokens},
-                          {"finish_reason", r.finish_reason},
-                          {"stats", stats_json(r.stats, speculative)}};
+      j["model"] = m.model_dir;
+      j["draft"] = m.draft_dir;
+      j["tokens"] = tokens;
+      j["finish_reason"] = reason;
+      j["stats"] = stats_json(stats, speculative);
       fmt::print("{}\n", j.dump());
     } else {
       fmt::print("\n");
-      fmt::print(stderr, "{} ({})\n", summary_line(r.stats, speculative), r.finish_reason);
+      fmt::print(stderr, "{} ({})\n", summary_line(stats, speculative), reason);
     }
+  };
+
+  if (text_mode) {
+    std::vector<int32_t> prompt = m.tokenizer->encode(args.prompt, /*add_special_tokens=*/true);
+    stream(args.prompt);
+    TextGenerationResult r = generate_text(*m.target, drafter, *m.tokenizer, prompt, params,
+                                           args.schedule, [&](std::string_view text) {
+                                             stream(text);
+                                             return true;
+                                           });
+    finish({{"prompt", args.prompt}, {"text", r.text}}, r.tokens, r.finish_reason, r.stats);
     return;
   }
 
   spec::DecodeRequest request{.prompt = parse_id_list(args.prompt_ids, "--prompt-ids"),
                               .params = params};
   auto on_tokens = [&](int, std::span<const int32_t> fresh) {
-    if (!args.json) {
-      for (int32_t t : fresh) fmt::print("{} ", t);
-      std::fflush(stdout);
-    }
+    for (int32_t t : fresh) stream(fmt::format("{} ", t));
     return true;
   };
   spec::DecodeResult r =
       spec::decode(*m.target, drafter, std::span(&request, 1), args.schedule, on_tokens).front();
-  if (args.json) {
-    nlohmann::json j = {{"model", m.model_dir},
-                        {"draft", m.draft_dir},
-                        {"prompt_ids", request.prompt},
-                        {"tokens", r.tokens},
-                        {"finish_reason", r.finish_reason},
-                        {"stats", stats_json(r.stats, speculative)}};
-    fmt::print("{}\n", j.dump());
-  } else {
-    fmt::print("\n");
-    fmt::print(stderr, "{} ({})\n", summary_line(r.stats, speculative), r.finish_reason);
-  }
+  finish({{"prompt_ids", request.prompt}}, r.tokens, r.finish_reason, r.stats);
 }
 
 }  // namespace
