@@ -9,6 +9,6 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash scripts/setup.sh
 echo "building specula ..." >&2
-bash scripts/build.sh build >/dev/null
+SPECULA_TARGET=specula bash scripts/build.sh build >/dev/null
 prompt=${SPECULA_PROMPT:-$'import os\nimport sys\n\n\ndef main(argv):\n    """'}
 exec ./build/apps/specula generate --prompt "$prompt" --max-tokens "${SPECULA_MAX_TOKENS:-96}" "$@"
