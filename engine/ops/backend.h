@@ -92,6 +92,10 @@ class Backend {
   virtual void softmax_rows(const Tensor& x, const Tensor& out) = 0;
   virtual void moe_route(const MoeRouteParams& p) = 0;
   virtual void moe_experts(const MoeExpertsParams& p) = 0;
+  // Sizes the backend's own scratch for a model once, so that steady-state steps
+  // allocate nothing: attention over up to `max_keys` keys, products whose
+  // reduction (K) dimension is at most `max_width`. Calls only ever grow it.
+  virtual void reserve_scratch(int64_t max_keys, int64_t max_width) {}
   // Byte copy between same-shaped tensors of the same dtype on this device.
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
 };

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // rope and attention (gemma4-architecture.md §2.4-§2.6).
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -32,14 +34,17 @@ void CpuBackend::rope(const Tensor& x, const Tensor& positions, const Tensor& in
   }
   cpu::check_no_alias(kOp, "x", x, "positions", positions);
   cpu::check_no_alias(kOp, "x", x, "inv_freq", inv_freq);
+  // The per-row cos/sin tables live on the stack (no allocation per step).
+  constexpr int64_t kMaxHalf = 1024;
+  if (half > kMaxHalf) fail("rope: head dimension {} exceeds the supported {}", d, 2 * kMaxHalf);
   if (x.numel() == 0) return;
   const int32_t* pos = positions.data_as<const int32_t>();
   const float* freq = inv_freq.data_as<const float>();
   float* data = x.data_as<float>();
 #pragma omp parallel if (cpu::worth_parallel(m_rows * heads * d * 4))
   {
-    std::vector<float> cos_t(static_cast<size_t>(half));
-    std::vector<float> sin_t(static_cast<size_t>(half));
+    float cos_t[kMaxHalf];
+    float sin_t[kMaxHalf];
 #pragma omp for schedule(static)
     for (int64_t m = 0; m < m_rows; ++m) {
       // As HF: angle = float(position) * inv_freq in f32, then f32 cos/sin.
@@ -117,9 +122,15 @@ void CpuBackend::attention(const AttentionParams& p) {
   // Each (query, head) is independent and its visible keys form one contiguous
   // range, computed directly rather than by testing every key. Cyclic scheduling
   // spreads causal prefill (later queries see more keys) over the threads.
-#pragma omp parallel if (cpu::worth_parallel(s_len * n_heads * std::max <int64_t>(t_len, 1) * d))
+  // One score row per thread, borrowed from the backend's scratch (no allocation per step).
+  const int team = omp_get_max_threads();
+  const int64_t score_len = std::max<int64_t>(t_len, 1);
+  cpu::ScratchPool::Lease lease(scratch_,
+                                static_cast<size_t>(team) * static_cast<size_t>(score_len));
+  float* score_rows = lease.data();
+#pragma omp parallel num_threads(team) if (cpu::worth_parallel(s_len * n_heads * score_len * d))
   {
-    std::vector<float> scores(static_cast<size_t>(t_len));
+    float* scores = score_rows + static_cast<int64_t>(omp_get_thread_num()) * score_len;
 #pragma omp for collapse(2) schedule(static, 1)
     for (int64_t i = 0; i < s_len; ++i) {
       for (int64_t h = 0; h < n_heads; ++h) {
@@ -140,19 +151,19 @@ void CpuBackend::attention(const AttentionParams& p) {
         float max_score = -std::numeric_limits<float>::infinity();
         for (int64_t j = lo; j <= hi; ++j) {
           const float sc = scale * cpu::dot(qr, k + (j * n_kv + kvh) * d, d);
-          scores[static_cast<size_t>(j - lo)] = sc;
+          scores[j - lo] = sc;
           max_score = std::max(max_score, sc);
         }
         double sum = 0.0;
         for (int64_t j = lo; j <= hi; ++j) {
-          float& e = scores[static_cast<size_t>(j - lo)];
+          float& e = scores[j - lo];
           e = std::exp(e - max_score);
           sum += e;
         }
         const auto denom = static_cast<float>(sum);
         std::fill(o, o + d, 0.0f);
         for (int64_t j = lo; j <= hi; ++j) {
-          const float prob = scores[static_cast<size_t>(j - lo)] / denom;
+          const float prob = scores[j - lo] / denom;
           cpu::axpy(prob, v + (j * n_kv + kvh) * d, o, d);
         }
       }

@@ -2,6 +2,10 @@
 // CpuBackend construction, argument checks shared by all CPU ops, and copy.
 #include "engine/backend/cpu/cpu_backend.h"
 
+#include <omp.h>
+
+#include <algorithm>
+
 #include <cstring>
 #include <memory>
 
@@ -10,6 +14,12 @@
 namespace specula {
 
 CpuBackend::CpuBackend() = default;
+
+void CpuBackend::reserve_scratch(int64_t max_keys, int64_t max_width) {
+  // Attention borrows one score row per thread; wide products one widened weight row per thread.
+  const int64_t per_thread = std::max<int64_t>({max_keys, max_width, 1});
+  scratch_.reserve(static_cast<size_t>(omp_get_max_threads()) * static_cast<size_t>(per_thread));
+}
 
 std::unique_ptr<Backend> make_cpu_backend() {
   return std::make_unique<CpuBackend>();

@@ -29,6 +29,7 @@ class CpuBackend final : public Backend {
   Device device() const override { return Device::cpu(); }
   const char* name() const override { return "cpu"; }
 
+  void reserve_scratch(int64_t max_keys, int64_t max_width) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor& y) override;
   // The scale is applied in f32 after converting the table row; a caller that
   // wants HF's bf16 rounding of the scale (§2.3) passes the rounded value.

@@ -51,11 +51,12 @@ void dot_accumulate(const float* a, const float* b, int64_t n, float* lanes);
 void dot_accumulate3(const float* a0, const float* a1, const float* a2, const float* b, int64_t n,
                      float* lanes0, float* lanes1, float* lanes2);
 // lanes[m][:] accumulate x[m * ldx + :n] · b for m in [0, m_rows), three rows at a time.
-inline void dot_accumulate_rows(const float* x, int64_t ldx, int64_t m_rows, const float* b, int64_t n,
-                                float (*lanes)[kLanes]) {
+inline void dot_accumulate_rows(const float* x, int64_t ldx, int64_t m_rows, const float* b,
+                                int64_t n, float (*lanes)[kLanes]) {
   int64_t m = 0;
   for (; m + 3 <= m_rows; m += 3) {
-    dot_accumulate3(x + m * ldx, x + (m + 1) * ldx, x + (m + 2) * ldx, b, n, lanes[m], lanes[m + 1], lanes[m + 2]);
+    dot_accumulate3(x + m * ldx, x + (m + 1) * ldx, x + (m + 2) * ldx, b, n, lanes[m], lanes[m + 1],
+                    lanes[m + 2]);
   }
   for (; m < m_rows; ++m) dot_accumulate(x + m * ldx, b, n, lanes[m]);
 }
@@ -111,6 +112,8 @@ inline float load_float(const Tensor& t, int64_t i) {
 // an op on the same backend) gets a private buffer instead of waiting.
 class ScratchPool {
  public:
+  // Grows the shared buffer to at least n floats (e.g. at model load).
+  void reserve(size_t n);
   class Lease {
    public:
     Lease(ScratchPool& pool, size_t n);

@@ -70,8 +70,9 @@ SPECULA_CPU_CLONES void dot_accumulate(const float* a, const float* b, int64_t n
   for (int l = 0; i < n; ++i, ++l) lanes[l] += a[i] * b[i];
 }
 
-SPECULA_CPU_CLONES void dot_accumulate3(const float* a0, const float* a1, const float* a2, const float* b,
-                                        int64_t n, float* lanes0, float* lanes1, float* lanes2) {
+SPECULA_CPU_CLONES void dot_accumulate3(const float* a0, const float* a1, const float* a2,
+                                        const float* b, int64_t n, float* lanes0, float* lanes1,
+                                        float* lanes2) {
   // Three rows against one weight vector: each b vector is loaded once for
   // three products (dot_accumulate is load-bound). Per row the operations and
   // their order are exactly dot_accumulate's, so results are identical.
@@ -80,7 +81,8 @@ SPECULA_CPU_CLONES void dot_accumulate3(const float* a0, const float* a1, const 
   F8 r0 = load8(lanes2), r1 = load8(lanes2 + 8), r2 = load8(lanes2 + 16), r3 = load8(lanes2 + 24);
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    const F8 w0 = load8(b + i), w1 = load8(b + i + 8), w2 = load8(b + i + 16), w3 = load8(b + i + 24);
+    const F8 w0 = load8(b + i), w1 = load8(b + i + 8), w2 = load8(b + i + 16),
+             w3 = load8(b + i + 24);
     p0 += load8(a0 + i) * w0;
     p1 += load8(a0 + i + 8) * w1;
     p2 += load8(a0 + i + 16) * w2;
@@ -178,6 +180,11 @@ void to_f32(const void* src, DType dtype, float* dst, int64_t n) {
     default:
       fail("to_f32: unsupported source dtype {}", dtype_name(dtype));
   }
+}
+
+void ScratchPool::reserve(size_t n) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (buffer_.size() < n) buffer_.resize(n);
 }
 
 ScratchPool::Lease::Lease(ScratchPool& pool, size_t n) : lock_(pool.mutex_, std::try_to_lock) {

@@ -140,6 +140,10 @@ std::unique_ptr<Gemma4Model> Gemma4Model::load(const std::string& path,
     s.window = l.type == LayerType::kSliding ? c.sliding_window : 0;
     m->kv_spec_.layers.push_back(s);
   }
+  int64_t max_width = std::max<int64_t>(
+      c.hidden_size, int64_t{c.num_attention_heads} * std::max(c.head_dim, c.global_head_dim));
+  for (const LayerSpec& l : c.layers) max_width = std::max<int64_t>(max_width, l.intermediate_size);
+  m->backend_->reserve_scratch(m->kv_spec_.max_context, max_width);
   m->scratch_ = std::make_unique<Scratch>();
   return m;
 }
