@@ -9,6 +9,8 @@ namespace specula {
 SequenceKv::SequenceKv(const KvCacheSpec& spec) : spec_(spec) {
   SPECULA_CHECK(spec.max_context > 0, "max_context must be positive, got {}", spec.max_context);
   SPECULA_CHECK(spec.max_rollback >= 0, "max_rollback must be >= 0, got {}", spec.max_rollback);
+  backend_ = spec.backend ? spec.backend : &backend_for(Device::cpu());
+  MemoryResource& memory = spec.memory ? *spec.memory : *backend_;
   stores_.resize(spec.layers.size());
   for (size_t i = 0; i < spec.layers.size(); ++i) {
     const KvLayerSpec& l = spec.layers[i];
@@ -16,8 +18,12 @@ SequenceKv::SequenceKv(const KvCacheSpec& spec) : spec_(spec) {
     LayerStore& s = stores_[i];
     s.capacity = l.window > 0 ? std::min<int64_t>(l.window + spec.max_rollback, spec.max_context)
                               : spec.max_context;
-    s.k = HostTensor(DType::kF32, {s.capacity, l.n_kv_heads, l.head_dim});
-    s.v = HostTensor(DType::kF32, {s.capacity, l.n_kv_heads, l.head_dim});
+    const Shape shape{s.capacity, l.n_kv_heads, l.head_dim};
+    const size_t bytes = static_cast<size_t>(shape.numel()) * sizeof(float);
+    s.k_buf = DeviceBuffer(memory, bytes);
+    s.v_buf = DeviceBuffer(memory, bytes);
+    s.k = s.k_buf.view(DType::kF32, shape);
+    s.v = s.v_buf.view(DType::kF32, shape);
   }
 }
 
@@ -35,14 +41,14 @@ Tensor SequenceKv::full_keys(int layer, int64_t end) const {
   const LayerStore& s = store(layer);
   SPECULA_CHECK(!is_ring(layer) && end <= s.capacity, "layer {}: full view to {} (capacity {})",
                 layer, end, s.capacity);
-  return s.k.view().slice_rows(0, end);
+  return s.k.slice_rows(0, end);
 }
 
 Tensor SequenceKv::full_values(int layer, int64_t end) const {
   const LayerStore& s = store(layer);
   SPECULA_CHECK(!is_ring(layer) && end <= s.capacity, "layer {}: full view to {} (capacity {})",
                 layer, end, s.capacity);
-  return s.v.view().slice_rows(0, end);
+  return s.v.slice_rows(0, end);
 }
 
 void SequenceKv::write_full(int layer, int64_t pos, const Tensor& k, const Tensor& v) {
@@ -51,8 +57,8 @@ void SequenceKv::write_full(int layer, int64_t pos, const Tensor& k, const Tenso
   SPECULA_CHECK(pos >= 0 && pos + n <= s.capacity,
                 "layer {}: writing positions [{}, {}) past the context of {}", layer, pos, pos + n,
                 s.capacity);
-  std::memcpy(s.k.view().slice_rows(pos, pos + n).data(), k.data(), k.nbytes());
-  std::memcpy(s.v.view().slice_rows(pos, pos + n).data(), v.data(), v.nbytes());
+  copy_rows(k, 0, s.k, pos, n);
+  copy_rows(v, 0, s.v, pos, n);
   s.written_end = std::max(s.written_end, pos + n);
 }
 
@@ -66,15 +72,13 @@ void SequenceKv::read_ring(int layer, int64_t from, int64_t to, const Tensor& k_
   SPECULA_CHECK(from >= ring_oldest(layer) && to <= s.written_end && from <= to,
                 "layer {}: positions [{}, {}) are not retained (ring holds [{}, {}))", layer, from,
                 to, ring_oldest(layer), s.written_end);
-  const size_t row_bytes = s.k.view().nbytes() / static_cast<size_t>(s.capacity);
-  for (int64_t p = from; p < to; ++p) {
+  // At most two contiguous runs of slots (before and after the wrap).
+  for (int64_t p = from; p < to;) {
     const int64_t slot = p % s.capacity;
-    std::memcpy(static_cast<char*>(k_out.data()) + static_cast<size_t>(p - from) * row_bytes,
-                static_cast<const char*>(s.k.view().data()) + static_cast<size_t>(slot) * row_bytes,
-                row_bytes);
-    std::memcpy(static_cast<char*>(v_out.data()) + static_cast<size_t>(p - from) * row_bytes,
-                static_cast<const char*>(s.v.view().data()) + static_cast<size_t>(slot) * row_bytes,
-                row_bytes);
+    const int64_t run = std::min(to - p, s.capacity - slot);
+    copy_rows(s.k, slot, k_out, p - from, run);
+    copy_rows(s.v, slot, v_out, p - from, run);
+    p += run;
   }
 }
 
@@ -83,20 +87,26 @@ void SequenceKv::write_ring(int layer, int64_t pos, const Tensor& k, const Tenso
   const int64_t n = k.dim(0);
   SPECULA_CHECK(pos >= 0 && pos <= s.written_end,
                 "layer {}: ring write at {} leaves a gap after {}", layer, pos, s.written_end);
-  const size_t row_bytes = s.k.view().nbytes() / static_cast<size_t>(s.capacity);
-  // Only the newest `capacity` positions survive; skip the rest.
-  for (int64_t i = std::max<int64_t>(0, n - s.capacity); i < n; ++i) {
+  // Only the newest `capacity` positions survive; skip the rest. At most two
+  // contiguous runs of slots.
+  for (int64_t i = std::max<int64_t>(0, n - s.capacity); i < n;) {
     const int64_t slot = (pos + i) % s.capacity;
-    std::memcpy(static_cast<char*>(s.k.view().data()) + static_cast<size_t>(slot) * row_bytes,
-                static_cast<const char*>(k.data()) + static_cast<size_t>(i) * row_bytes, row_bytes);
-    std::memcpy(static_cast<char*>(s.v.view().data()) + static_cast<size_t>(slot) * row_bytes,
-                static_cast<const char*>(v.data()) + static_cast<size_t>(i) * row_bytes, row_bytes);
+    const int64_t run = std::min(n - i, s.capacity - slot);
+    copy_rows(k, i, s.k, slot, run);
+    copy_rows(v, i, s.v, slot, run);
+    i += run;
   }
   // Positions past pos + n are stale (rolled back); positions before pos survive
   // unless their slots were just reused.
   const int64_t kept_before = pos >= s.retained_from ? s.retained_from : pos;
   s.retained_from = std::max(kept_before, pos + n - s.capacity);
   s.written_end = pos + n;
+}
+
+void SequenceKv::copy_rows(const Tensor& src, int64_t from, const Tensor& dst, int64_t to,
+                           int64_t n) const {
+  if (n <= 0) return;
+  backend_->copy(src.slice_rows(from, from + n), dst.slice_rows(to, to + n));
 }
 
 void SequenceKv::check_room(int64_t n) const {

@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/backend/backends.h"
 #include "engine/core/buffer.h"
+#include "engine/memory/memory_resource.h"
 
 namespace specula {
 
@@ -31,6 +33,11 @@ struct KvCacheSpec {
   std::vector<KvLayerSpec> layers;  // one entry per model layer
   int64_t max_context = 0;          // positions a sequence may reach
   int max_rollback = 16;            // ring slack for speculative rollback
+  // Where the cache lives: copies go through `backend` (null: the CPU backend)
+  // and memory comes from `memory` (null: the backend itself), typically the
+  // model's CachingPool so finished sequences' buffers are reused. Not owned.
+  Backend* backend = nullptr;
+  MemoryResource* memory = nullptr;
 };
 
 class SequenceKv {
@@ -70,8 +77,9 @@ class SequenceKv {
 
  private:
   struct LayerStore {
-    HostTensor k;  // f32 [capacity, kv, D]
-    HostTensor v;
+    DeviceBuffer k_buf, v_buf;
+    Tensor k;  // f32 [capacity, kv, D] over k_buf
+    Tensor v;
     int64_t capacity = 0;
     int64_t written_end = 0;    // one past the newest position written
     int64_t retained_from = 0;  // ring: oldest position still intact
@@ -79,7 +87,11 @@ class SequenceKv {
   const LayerStore& store(int layer) const;
   LayerStore& store(int layer);
 
+  // Copies rows [from, from + n) of `src` into rows [to, to + n) of `dst`.
+  void copy_rows(const Tensor& src, int64_t from, const Tensor& dst, int64_t to, int64_t n) const;
+
   KvCacheSpec spec_;
+  Backend* backend_ = nullptr;
   std::vector<LayerStore> stores_;  // one per model layer (empty for shared layers)
   int64_t length_ = 0;
 };

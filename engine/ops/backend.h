@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "engine/core/tensor.h"
+#include "engine/memory/memory_resource.h"
 
 namespace specula {
 
@@ -53,11 +54,27 @@ struct MoeExpertsParams {
   Tensor out;             // f32 [N, H]; must not alias x
 };
 
-class Backend {
+// A Backend is also the MemoryResource of its device: allocate()/release()
+// give device memory (host memory on the CPU backend).
+class Backend : public MemoryResource {
  public:
-  virtual ~Backend() = default;
-  virtual Device device() const = 0;
+  ~Backend() override = default;
+  Device device() const override = 0;
   virtual const char* name() const = 0;
+
+  // ---- Memory and transfers ----
+  // Calls to allocate() so far: tests assert steady-state steps make none.
+  virtual int64_t allocation_count() const = 0;
+  // Copies dst.nbytes() bytes from host memory into dst (on this device), and
+  // src.nbytes() bytes from src into host memory. Both complete before returning.
+  virtual void upload(const void* host, const Tensor& dst) = 0;
+  virtual void download(const Tensor& src, void* host) = 0;
+  // Waits for all queued work (a no-op on synchronous backends).
+  virtual void synchronize() {}
+  // Fills t (f32, bf16 or f16) with values uniform in [lo, hi) drawn from a
+  // counter-based hash of (seed, element index), rounded to t's dtype: every
+  // backend produces the same values (random-weight models, cross-backend tests).
+  virtual void fill_uniform(const Tensor& t, uint64_t seed, float lo, float hi) = 0;
 
   // y[M, N] = x[M, K] · w[N, K]ᵀ. x, y f32; w f32|bf16|f16. y must not alias x.
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
@@ -98,6 +115,8 @@ class Backend {
   virtual void reserve_scratch(int64_t max_keys, int64_t max_width) {}
   // Byte copy between same-shaped tensors of the same dtype on this device.
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  // out[b, a, :] = x[a, b, :]. x f32 [A, B, C], out f32 [B, A, C]; no aliasing.
+  virtual void transpose01(const Tensor& x, const Tensor& out) = 0;
 };
 
 }  // namespace specula

@@ -112,6 +112,15 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     r.result.stats.round_accepted.reserve(static_cast<size_t>(req.params.max_tokens));
     rows.push_back(std::move(r));
   }
+  // Device outputs are read back once per forward into these (grown, never shrunk).
+  Backend& be = target.backend();
+  std::vector<float> logits_host, hidden_host, draft_logits_host;
+  auto on_host = [&](const Tensor& t, std::vector<float>* staging) -> const float* {
+    if (t.device().is_cpu()) return t.data_as<const float>();
+    if (staging->size() < static_cast<size_t>(t.numel())) staging->resize(static_cast<size_t>(t.numel()));
+    be.download(t, staging->data());
+    return staging->data();
+  };
   SamplingWorkspace ws(V);
   SamplingWorkspace ws_draft(V);
   std::vector<float> residual(static_cast<size_t>(V));
@@ -155,16 +164,16 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     fwd.push_back({.kv = &r.kv, .tokens = r.request->prompt, .all_logits = false});
   {
     const gemma4::ForwardOutput& out = target.forward(fwd);
+    const float* prefill_logits = on_host(out.logits, &logits_host);
+    const float* prefill_hidden = on_host(out.hidden, &hidden_host);
     const double prefill_s = seconds_since(t_prefill);
     for (size_t i = 0; i < rows.size(); ++i) {
       Row& r = rows[i];
       r.result.stats.prefill_seconds = prefill_s;
       r.result.stats.target_forwards = 1;
-      std::span<const float> logits(out.logits.data_as<const float>() + i * V,
-                                    static_cast<size_t>(V));
+      std::span<const float> logits(prefill_logits + i * V, static_cast<size_t>(V));
       r.pending = sample_token(logits, history_of(r), r.request->params, ws, r.rng);
-      std::memcpy(r.hidden.data(), out.hidden.data_as<const float>() + i * H,
-                  static_cast<size_t>(H) * sizeof(float));
+      std::memcpy(r.hidden.data(), prefill_hidden + i * H, static_cast<size_t>(H) * sizeof(float));
       emit(i, r.pending);
       notify(i, 0);
     }
@@ -211,11 +220,10 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
         draft_owner.push_back(i);
       }
       if (draft_rows.empty()) break;
-      Tensor logits = drafter->step(s, draft_rows);
+      const float* draft_logits = on_host(drafter->step(s, draft_rows), &draft_logits_host);
       for (size_t b = 0; b < draft_owner.size(); ++b) {
         Row& r = rows[draft_owner[b]];
-        std::span<const float> row_logits(logits.data_as<const float>() + b * V,
-                                          static_cast<size_t>(V));
+        std::span<const float> row_logits(draft_logits + b * V, static_cast<size_t>(V));
         // Drafts extend the history (which already ends with the pending token) so
         // penalties see them exactly as the target will.
         for (int32_t d : r.drafts) r.history.push_back(d);
@@ -252,6 +260,8 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     pos0.resize(active.size());
     for (size_t a = 0; a < active.size(); ++a) pos0[a] = rows[active[a]].kv.length();
     const gemma4::ForwardOutput& out = target.forward(fwd);
+    const float* verify_logits = on_host(out.logits, &logits_host);
+    const float* verify_hidden = on_host(out.hidden, &hidden_host);
 
     for (size_t a = 0; a < active.size(); ++a) {
       const size_t i = active[a];
@@ -262,8 +272,7 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       const int k = r.k_round;
       const int64_t out0 = out.row_out_begin[a];
       auto target_logits = [&](int j) {
-        return std::span<const float>(out.logits.data_as<const float>() + (out0 + j) * V,
-                                      static_cast<size_t>(V));
+        return std::span<const float>(verify_logits + (out0 + j) * V, static_cast<size_t>(V));
       };
       // The pending token is now in the cache; the drafts are judged in order,
       // each against the target's distribution given everything before it.
@@ -308,7 +317,7 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       if (alive) {
         emit(i, next);
         r.pending = next;
-        std::memcpy(r.hidden.data(), out.hidden.data_as<const float>() + (out0 + n) * H,
+        std::memcpy(r.hidden.data(), verify_hidden + (out0 + n) * H,
                     static_cast<size_t>(H) * sizeof(float));
       }
       notify(i, first_new);

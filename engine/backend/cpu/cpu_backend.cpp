@@ -6,14 +6,77 @@
 
 #include <algorithm>
 
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 
 #include "engine/backend/backends.h"
+#include "engine/ops/uniform_hash.h"
 
 namespace specula {
 
 CpuBackend::CpuBackend() = default;
+
+void* CpuBackend::allocate(size_t bytes) {
+  void* p = std::aligned_alloc(256, (std::max<size_t>(bytes, 1) + 255) / 256 * 256);
+  if (p == nullptr) fail("cpu: out of host memory allocating {} bytes", bytes);
+  ++allocations_;
+  return p;
+}
+
+void CpuBackend::release(void* p) noexcept {
+  std::free(p);
+}
+
+void CpuBackend::upload(const void* host, const Tensor& dst) {
+  cpu::check_host("upload", "dst", dst);
+  if (dst.nbytes()) std::memcpy(dst.data(), host, dst.nbytes());
+}
+
+void CpuBackend::download(const Tensor& src, void* host) {
+  cpu::check_host("download", "src", src);
+  if (src.nbytes()) std::memcpy(host, src.data(), src.nbytes());
+}
+
+void CpuBackend::fill_uniform(const Tensor& t, uint64_t seed, float lo, float hi) {
+  cpu::check_host("fill_uniform", "t", t);
+  cpu::check_float("fill_uniform", "t", t);
+  const int64_t n = t.numel();
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = uniform_at(seed, static_cast<uint64_t>(i), lo, hi);
+    switch (t.dtype()) {
+      case DType::kF32:
+        t.data_as<float>()[i] = v;
+        break;
+      case DType::kBF16:
+        t.data_as<uint16_t>()[i] = f32_to_bf16(v);
+        break;
+      default:
+        t.data_as<uint16_t>()[i] = f32_to_f16(v);
+        break;
+    }
+  }
+}
+
+void CpuBackend::transpose01(const Tensor& x, const Tensor& out) {
+  cpu::check_host("transpose01", "x", x);
+  cpu::check_host("transpose01", "out", out);
+  cpu::check_dtype("transpose01", "x", x, DType::kF32);
+  cpu::check_dtype("transpose01", "out", out, DType::kF32);
+  cpu::check_rank("transpose01", "x", x, 3);
+  const int64_t A = x.dim(0), B = x.dim(1), C = x.dim(2);
+  if (out.shape() != Shape{B, A, C}) {
+    fail("transpose01: out {} must be [{}, {}, {}] for x {}", out.describe(), B, A, C,
+         x.describe());
+  }
+  cpu::check_no_alias("transpose01", "out", out, "x", x);
+  const float* src = x.data_as<const float>();
+  float* dst = out.data_as<float>();
+  for (int64_t a = 0; a < A; ++a)
+    for (int64_t b = 0; b < B; ++b)
+      std::memcpy(dst + (b * A + a) * C, src + (a * B + b) * C, static_cast<size_t>(C) * 4);
+}
 
 void CpuBackend::reserve_scratch(int64_t max_keys, int64_t max_width) {
   // Attention borrows one score row per thread; wide products one widened weight row per thread.

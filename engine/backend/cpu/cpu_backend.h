@@ -15,6 +15,8 @@
 // state is a reusable scratch buffer that a concurrent caller does without.
 #pragma once
 
+#include <atomic>
+
 #include "engine/backend/cpu/cpu_internal.h"
 #include "engine/ops/backend.h"
 
@@ -28,6 +30,15 @@ class CpuBackend final : public Backend {
 
   Device device() const override { return Device::cpu(); }
   const char* name() const override { return "cpu"; }
+
+  // Host memory (aligned), counted.
+  void* allocate(size_t bytes) override;
+  void release(void* p) noexcept override;
+  int64_t allocation_count() const override { return allocations_.load(); }
+  void upload(const void* host, const Tensor& dst) override;
+  void download(const Tensor& src, void* host) override;
+  void fill_uniform(const Tensor& t, uint64_t seed, float lo, float hi) override;
+  void transpose01(const Tensor& x, const Tensor& out) override;
 
   void reserve_scratch(int64_t max_keys, int64_t max_width) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor& y) override;
@@ -56,6 +67,7 @@ class CpuBackend final : public Backend {
  private:
   // Reused by linear / moe_experts for bf16/f16 weight blocks converted to f32.
   cpu::ScratchPool scratch_;
+  std::atomic<int64_t> allocations_{0};
 };
 
 }  // namespace specula

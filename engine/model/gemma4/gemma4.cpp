@@ -109,43 +109,103 @@ std::unique_ptr<Gemma4Model> Gemma4Model::load(const std::string& path,
   io::WeightTable table;
   declare_gemma4_weights(c, &m->weights_, &table);
   table.bind(*m->checkpoint_);
-  if (!options.device.is_cpu()) {
-    fail("{}: loading onto {} is not supported yet (only the CPU backend exists in this build)",
-         path, options.device.str());
-  }
   m->backend_ = &backend_for(options.device);
+  m->weight_buffer_ = place_weights(table, *m->backend_);
+  m->init_after_weights(options);
+  return m;
+}
 
+std::unique_ptr<Gemma4Model> Gemma4Model::random(const Gemma4Config& config,
+                                                 const LoadOptions& options, uint64_t seed,
+                                                 DType dtype) {
+  std::unique_ptr<Gemma4Model> m(new Gemma4Model());
+  m->path_ = fmt::format("random:{}", seed);
+  m->config_ = config;
+  SPECULA_CHECK(config.first_shared_layer > 0 && config.tie_word_embeddings,
+                "random model: the config must have cache-owning layers and tied embeddings");
+  io::WeightTable table;
+  declare_gemma4_weights(config, &m->weights_, &table);
+  m->backend_ = &backend_for(options.device);
+  m->weight_buffer_ = random_weights(table, *m->backend_, seed, dtype);
+  m->init_after_weights(options);
+  return m;
+}
+
+void Gemma4Model::init_after_weights(const LoadOptions& options) {
+  const Gemma4Config& c = config_;
+  Backend& be = *backend_;
   for (int i = 0; i < c.num_hidden_layers; ++i) {
-    m->layer_scalars_.push_back(
-        host_scalar(m->weights_.layers[static_cast<size_t>(i)].layer_scalar,
-                    fmt::format("{}layers.{}.layer_scalar", c.weight_prefix, i)));
+    layer_scalars_.push_back(read_scalar(be, weights_.layers[static_cast<size_t>(i)].layer_scalar,
+                                         fmt::format("{}layers.{}.layer_scalar", c.weight_prefix, i)));
   }
-  m->inv_freq_sliding_ = rope_inv_freq(c.rope_sliding, c.head_dim);
-  m->inv_freq_full_ = rope_inv_freq(c.rope_full, c.global_head_dim);
-  m->embed_scale_ = round_to_dtype(std::sqrt(static_cast<float>(c.hidden_size)),
-                                   m->weights_.embed_tokens.dtype());
+  HostTensor sliding = rope_inv_freq(c.rope_sliding, c.head_dim);
+  HostTensor full = rope_inv_freq(c.rope_full, c.global_head_dim);
+  inv_freq_buffer_ = DeviceBuffer(be, sliding.view().nbytes() + full.view().nbytes() + 256);
+  inv_freq_sliding_ = inv_freq_buffer_.view(DType::kF32, sliding.shape());
+  inv_freq_full_ = Tensor(static_cast<char*>(inv_freq_buffer_.data()) + (sliding.view().nbytes() + 255) / 256 * 256,
+                          DType::kF32, full.shape(), be.device());
+  be.upload(sliding.view().data(), inv_freq_sliding_);
+  be.upload(full.view().data(), inv_freq_full_);
+  embed_scale_ = round_to_dtype(std::sqrt(static_cast<float>(c.hidden_size)),
+                                weights_.embed_tokens.dtype());
   if (c.has_ple()) {
-    m->ple_embed_scale_ =
-        round_to_dtype(std::sqrt(static_cast<float>(c.hidden_size_per_layer_input)),
-                       m->weights_.embed_tokens_per_layer.dtype());
+    ple_embed_scale_ = round_to_dtype(std::sqrt(static_cast<float>(c.hidden_size_per_layer_input)),
+                                      weights_.embed_tokens_per_layer.dtype());
   }
 
-  m->kv_spec_.max_context = std::min<int64_t>(options.max_context, c.max_position_embeddings);
-  m->kv_spec_.max_rollback = options.max_rollback;
+  kv_pool_ = std::make_unique<CachingPool>(be);
+  kv_spec_.max_context = std::min<int64_t>(options.max_context, c.max_position_embeddings);
+  kv_spec_.max_rollback = options.max_rollback;
+  kv_spec_.backend = &be;
+  kv_spec_.memory = kv_pool_.get();
   for (const LayerSpec& l : c.layers) {
     KvLayerSpec s;
     s.owns_cache = !l.kv_shared;
     s.n_kv_heads = l.n_kv_heads;
     s.head_dim = l.head_dim;
     s.window = l.type == LayerType::kSliding ? c.sliding_window : 0;
-    m->kv_spec_.layers.push_back(s);
+    kv_spec_.layers.push_back(s);
   }
   int64_t max_width = std::max<int64_t>(
       c.hidden_size, int64_t{c.num_attention_heads} * std::max(c.head_dim, c.global_head_dim));
   for (const LayerSpec& l : c.layers) max_width = std::max<int64_t>(max_width, l.intermediate_size);
-  m->backend_->reserve_scratch(m->kv_spec_.max_context, max_width);
-  m->scratch_ = std::make_unique<Scratch>();
-  return m;
+  be.reserve_scratch(kv_spec_.max_context, max_width);
+  scratch_ = std::make_unique<Scratch>();
+}
+
+int64_t Gemma4Model::weight_bytes() const {
+  return static_cast<int64_t>(weight_buffer_.size());
+}
+
+int64_t Gemma4Model::weight_bytes_read(int64_t tokens) const {
+  const Gemma4Config& c = config_;
+  int64_t bytes = static_cast<int64_t>(weights_.embed_tokens.nbytes() + weights_.norm.nbytes() +
+                                       weights_.per_layer_model_projection.nbytes() +
+                                       weights_.per_layer_projection_norm.nbytes());
+  if (c.has_ple()) {
+    bytes += static_cast<int64_t>(weights_.embed_tokens_per_layer.nbytes() /
+                                  static_cast<size_t>(c.vocab_size_per_layer_input)) *
+             std::min<int64_t>(tokens, c.vocab_size_per_layer_input);
+  }
+  const double expert_fraction =
+      c.enable_moe_block && c.num_experts > 0
+          ? std::min<double>(c.num_experts, static_cast<double>(tokens) * c.top_k_experts) /
+                c.num_experts
+          : 1.0;
+  for (const Gemma4LayerWeights& w : weights_.layers) {
+    for (const Tensor* t :
+         {&w.input_layernorm, &w.post_attention_layernorm, &w.pre_feedforward_layernorm,
+          &w.post_feedforward_layernorm, &w.q_proj, &w.q_norm, &w.k_proj, &w.k_norm, &w.v_proj,
+          &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj, &w.per_layer_input_gate,
+          &w.per_layer_projection, &w.post_per_layer_input_norm, &w.router_proj, &w.router_scale,
+          &w.router_per_expert_scale, &w.pre_feedforward_layernorm_2,
+          &w.post_feedforward_layernorm_1, &w.post_feedforward_layernorm_2}) {
+      bytes += static_cast<int64_t>(t->nbytes());
+    }
+    bytes += static_cast<int64_t>(
+        static_cast<double>(w.experts_gate_up.nbytes() + w.experts_down.nbytes()) * expert_fraction);
+  }
+  return bytes;
 }
 
 void Gemma4Model::embed_scaled(const Tensor& ids, const Tensor& out) {
@@ -242,20 +302,24 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
   };
   Arena measure = Arena::measuring();
   carve(measure);
-  if (measure.used() > arena_.capacity()) arena_ = Arena(measure.used() + measure.used() / 4);
+  if (measure.used() > arena_.capacity()) {
+    arena_ = Arena(measure.used() + measure.used() / 4, backend_);
+  }
   arena_.reset();
   carve(arena_);
   Scratch& s = *scratch_;
 
-  int32_t* ids = s.ids.data_as<int32_t>();
-  int32_t* pos = s.positions.data_as<int32_t>();
+  host_ids_.resize(static_cast<size_t>(M));
+  host_positions_.resize(static_cast<size_t>(M));
   for (size_t r = 0; r < rows.size(); ++r) {
     const RowPlan& p = plans_[r];
     for (int64_t i = 0; i < p.n; ++i) {
-      ids[p.begin + i] = rows[r].tokens[static_cast<size_t>(i)];
-      pos[p.begin + i] = static_cast<int32_t>(p.pos0 + i);
+      host_ids_[static_cast<size_t>(p.begin + i)] = rows[r].tokens[static_cast<size_t>(i)];
+      host_positions_[static_cast<size_t>(p.begin + i)] = static_cast<int32_t>(p.pos0 + i);
     }
   }
+  be.upload(host_ids_.data(), s.ids);
+  be.upload(host_positions_.data(), s.positions);
 
   // Embedding (×√H cast to the table dtype) and per-layer inputs (§3.1-3.2).
   be.embedding(weights_.embed_tokens, s.ids, embed_scale_, s.h);
@@ -269,25 +333,21 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
     be.add(s.ple_ctx, s.ple_tok, s.ple_ctx);
     be.scale(s.ple_ctx, static_cast<float>(1.0 / std::sqrt(2.0)), s.ple_ctx);
     // [M, L, P] -> [L, M, P] so that each layer reads one contiguous [M, P] block.
-    for (int64_t m = 0; m < M; ++m) {
-      for (int l = 0; l < L; ++l) {
-        be.copy(s.ple_ctx.row(m).reshape({L, P}).row(l), s.ple.row(l).row(m));
-      }
-    }
+    be.transpose01(s.ple_ctx.reshape({M, L, P}), s.ple);
   }
 
   output_.layer_hidden.clear();
   if (options.capture_layer_hidden) {
     output_.layer_hidden.reserve(static_cast<size_t>(L + 1));
     output_.layer_hidden.emplace_back(DType::kF32, Shape{M, H});
-    be.copy(s.h, output_.layer_hidden.back());
+    be.download(s.h, output_.layer_hidden.back().view().data());
   }
 
   for (int l = 0; l < L; ++l) {
     run_layer(l, rows, plans_, options);
     if (options.capture_layer_hidden && l + 1 < L) {
       output_.layer_hidden.emplace_back(DType::kF32, Shape{M, H});
-      be.copy(s.h, output_.layer_hidden.back());
+      be.download(s.h, output_.layer_hidden.back().view().data());
     }
   }
 
@@ -301,8 +361,8 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
       ForwardOutput::DonorKv d;
       d.k = HostTensor(DType::kF32, p.attn_k[static_cast<size_t>(donor)].shape());
       d.v = HostTensor(DType::kF32, p.attn_v[static_cast<size_t>(donor)].shape());
-      be.copy(p.attn_k[static_cast<size_t>(donor)], d.k);
-      be.copy(p.attn_v[static_cast<size_t>(donor)], d.v);
+      be.download(p.attn_k[static_cast<size_t>(donor)], d.k.view().data());
+      be.download(p.attn_v[static_cast<size_t>(donor)], d.v.view().data());
       d.pos0 = p.attn_pos0[static_cast<size_t>(donor)];
       *dst = std::move(d);
     };
@@ -333,8 +393,8 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
   }
   if (options.capture_layer_hidden) {
     output_.layer_hidden.emplace_back(DType::kF32, Shape{M, H});
-    be.rms_norm(s.h, weights_.norm, static_cast<float>(c.rms_norm_eps),
-                output_.layer_hidden.back());
+    be.rms_norm(s.h, weights_.norm, static_cast<float>(c.rms_norm_eps), s.xn);
+    be.download(s.xn, output_.layer_hidden.back().view().data());
   }
 
   for (size_t r = 0; r < rows.size(); ++r) rows[r].kv->commit(plans_[r].n);
@@ -355,7 +415,7 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
   const int64_t Nh = c.num_attention_heads;
   const int64_t KV = spec.n_kv_heads;
   const bool sliding = spec.type == LayerType::kSliding;
-  const Tensor& inv_freq = sliding ? inv_freq_sliding_.view() : inv_freq_full_.view();
+  const Tensor& inv_freq = sliding ? inv_freq_sliding_ : inv_freq_full_;
   const size_t li = static_cast<size_t>(l);
 
   // 1. Attention block (§4 step 1, §4.2).

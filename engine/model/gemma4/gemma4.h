@@ -39,7 +39,7 @@ struct ForwardOptions {
   bool capture_donor_kv = false;
 };
 
-// Results of one forward. Views point into the model's scratch and stay valid
+// Results of one forward. Views (on the model's device) point into its scratch and stay valid
 // until the next forward on the same model.
 struct ForwardOutput {
   Tensor logits;  // f32 [n_out, V] after soft-capping (empty unless compute_logits)
@@ -66,6 +66,12 @@ class Gemma4Model {
   // name, shape and dtype is checked (errors name the file and tensor).
   static std::unique_ptr<Gemma4Model> load(const std::string& path,
                                            const LoadOptions& options = {});
+  // A model of `config` (finalized) whose weights are seeded uniform values of
+  // `dtype` (see random_weights), on options.device: for benchmarks of released
+  // shapes without a checkpoint. path() is "random:<seed>".
+  static std::unique_ptr<Gemma4Model> random(const Gemma4Config& config,
+                                             const LoadOptions& options, uint64_t seed,
+                                             DType dtype = DType::kBF16);
 
   ~Gemma4Model();
   Gemma4Model(const Gemma4Model&) = delete;
@@ -75,6 +81,14 @@ class Gemma4Model {
   const std::string& path() const { return path_; }
   Backend& backend() const { return *backend_; }
   int64_t max_context() const { return kv_spec_.max_context; }
+
+  // Bytes of weights one forward of `tokens` flattened tokens reads: every
+  // weight except the per-layer-embedding table (only `tokens` rows of it are
+  // gathered); for MoE layers, experts count as min(E, tokens·k)/E of their size
+  // (an upper bound on the distinct experts routed to).
+  int64_t weight_bytes_read(int64_t tokens) const;
+  // Bytes of all weights held on the device.
+  int64_t weight_bytes() const;
 
   // A fresh, empty cache for one sequence.
   SequenceKv new_sequence() const { return SequenceKv(kv_spec_); }
@@ -92,6 +106,9 @@ class Gemma4Model {
 
  private:
   Gemma4Model() = default;
+  // Shared by load() and random(): host copies of scalars, RoPE tables, the KV
+  // cache spec and the backend's scratch.
+  void init_after_weights(const LoadOptions& options);
   struct RowPlan;
   void run_layer(int layer, std::span<const ForwardRow> rows, std::span<RowPlan> plans,
                  const ForwardOptions& options);
@@ -100,11 +117,14 @@ class Gemma4Model {
   Gemma4Config config_;
   std::unique_ptr<io::Checkpoint> checkpoint_;
   Gemma4Weights weights_;
+  DeviceBuffer weight_buffer_;  // device copies of the weights (empty on the CPU)
+  std::unique_ptr<CachingPool> kv_pool_;  // KV-cache memory, reused across sequences
   std::vector<float> layer_scalars_;  // host copies of layers.*.layer_scalar
   Backend* backend_ = nullptr;
   KvCacheSpec kv_spec_;
-  HostTensor inv_freq_sliding_;  // f32 [Ds/2]
-  HostTensor inv_freq_full_;     // f32 [Df/2]
+  DeviceBuffer inv_freq_buffer_;
+  Tensor inv_freq_sliding_;  // f32 [Ds/2] on the device
+  Tensor inv_freq_full_;     // f32 [Df/2] on the device
   float embed_scale_ = 1.0f;
   float ple_embed_scale_ = 1.0f;
   Arena arena_;
@@ -113,6 +133,7 @@ class Gemma4Model {
   struct Scratch;
   std::unique_ptr<Scratch> scratch_;
   std::vector<RowPlan> plans_;  // reused across forwards
+  std::vector<int32_t> host_ids_, host_positions_;  // staging for the upload, reused
 };
 
 // Builds the inverse frequencies of one layer type (gemma4-architecture.md §2.4):

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "engine/model/gemma4/weights.h"
 
+#include <algorithm>
+#include <cmath>
+
 #include <fmt/format.h>
 
 namespace specula::gemma4 {
@@ -75,6 +78,81 @@ void declare_gemma4_weights(const Gemma4Config& c, Gemma4Weights* w, io::WeightT
       t->add(lp + "post_feedforward_layernorm_2.weight", {H}, &lw.post_feedforward_layernorm_2);
     }
   }
+}
+
+namespace {
+
+size_t aligned_bytes(size_t n) {
+  return (n + 255) / 256 * 256;
+}
+
+bool is_float(DType d) {
+  return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16;
+}
+
+}  // namespace
+
+DeviceBuffer place_weights(const io::WeightTable& table, Backend& backend) {
+  if (backend.device().is_cpu()) return {};
+  size_t total = 0;
+  for (const io::WeightTable::Entry& e : table.entries()) {
+    if (!e.field->empty()) total += aligned_bytes(e.field->nbytes());
+  }
+  DeviceBuffer buffer(backend, std::max<size_t>(total, 1));
+  size_t offset = 0;
+  for (const io::WeightTable::Entry& e : table.entries()) {
+    Tensor& field = *e.field;
+    if (field.empty()) continue;
+    Tensor dst(static_cast<char*>(buffer.data()) + offset, field.dtype(), field.shape(),
+               backend.device());
+    backend.upload(field.data(), dst);
+    field = dst;
+    offset += aligned_bytes(dst.nbytes());
+  }
+  return buffer;
+}
+
+DeviceBuffer random_weights(const io::WeightTable& table, Backend& backend, uint64_t seed,
+                            DType dtype) {
+  auto wanted = [&](const io::WeightTable::Entry& e) {
+    for (DType d : e.dtypes)
+      if (is_float(d)) return true;
+    return false;
+  };
+  size_t total = 0;
+  for (const io::WeightTable::Entry& e : table.entries()) {
+    if (wanted(e)) total += aligned_bytes(static_cast<size_t>(e.shape.numel()) * dtype_size(dtype));
+  }
+  DeviceBuffer buffer(backend, std::max<size_t>(total, 1));
+  size_t offset = 0;
+  uint64_t index = 0;
+  for (const io::WeightTable::Entry& e : table.entries()) {
+    ++index;
+    if (!wanted(e)) {
+      *e.field = Tensor();
+      continue;
+    }
+    Tensor t(static_cast<char*>(buffer.data()) + offset, dtype, e.shape, backend.device());
+    offset += aligned_bytes(t.nbytes());
+    if (e.shape.rank() <= 1) {
+      backend.fill_uniform(t, seed + index, 0.9f, 1.1f);
+    } else {
+      const float fan_in = static_cast<float>(e.shape[e.shape.rank() - 1]);
+      const float bound = std::sqrt(3.0f / fan_in);
+      backend.fill_uniform(t, seed + index, -bound, bound);
+    }
+    *e.field = t;
+  }
+  backend.synchronize();
+  return buffer;
+}
+
+float read_scalar(Backend& backend, const Tensor& t, const std::string& what) {
+  if (t.device().is_cpu()) return host_scalar(t, what);
+  if (t.numel() != 1) fail("{}: expected one element, got {}", what, t.describe());
+  uint32_t raw = 0;
+  backend.download(t, &raw);
+  return host_scalar(Tensor(&raw, t.dtype(), t.shape()), what);
 }
 
 }  // namespace specula::gemma4

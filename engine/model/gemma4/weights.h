@@ -4,6 +4,9 @@
 // The views point into the mapped checkpoint, which must outlive them.
 #pragma once
 
+#include "engine/backend/backends.h"
+#include "engine/memory/memory_resource.h"
+
 #include <vector>
 
 #include "engine/io/weight_table.h"
@@ -56,5 +59,22 @@ struct Gemma4Weights {
 // vision and audio towers) are declared ignored.
 void declare_gemma4_weights(const Gemma4Config& config, Gemma4Weights* weights,
                             io::WeightTable* table);
+
+// Puts every bound weight of `table` on `backend`'s device in one allocation
+// and repoints each field at its copy. On the CPU backend nothing is copied
+// (fields stay views of the mapped checkpoint) and the buffer is empty.
+DeviceBuffer place_weights(const io::WeightTable& table, Backend& backend);
+
+// Gives every float entry of `table` freshly allocated memory of `dtype` on
+// `backend` (one allocation) filled with seeded uniform values (entry i uses
+// stream seed + i): rank-1 weights (norm scales, router scales, layer_scalar) in
+// [0.9, 1.1); matrices in ±sqrt(3 / fan_in), so activations keep unit scale.
+// Entries with integer dtypes are left empty for the caller. For benchmarks of
+// released shapes without a checkpoint.
+DeviceBuffer random_weights(const io::WeightTable& table, Backend& backend, uint64_t seed,
+                            DType dtype);
+
+// The value of a one-element float tensor on any device, as f32.
+float read_scalar(Backend& backend, const Tensor& t, const std::string& what);
 
 }  // namespace specula::gemma4
