@@ -16,8 +16,17 @@ jobs=${SPECULA_JOBS:-$(nproc)}
 # thread-count invariant).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
+# The CUDA backend is compiled wherever nvcc exists (its cross-backend tests
+# skip themselves without a GPU; tools/gpu/run_gpu.sh runs them on one).
+cuda_args=()
+if command -v nvcc >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  export PATH="$PATH:/usr/local/cuda/bin"
+  cuda_args=(-DSPECULA_CUDA=ON)
+  echo "== nvcc found: building the CUDA backend too"
+fi
+
 echo "== build (Release)"
-bash scripts/build.sh build
+bash scripts/build.sh build "${cuda_args[@]}"
 echo "== tests (Release)"
 ctest --test-dir build --output-on-failure -j "$jobs" -LE fuzz
 

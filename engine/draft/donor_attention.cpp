@@ -9,7 +9,21 @@ TargetCacheDonors::TargetCacheDonors(Backend& backend, const gemma4::Gemma4Confi
     : backend_(backend),
       sliding_donor_(target.sliding_donor),
       full_donor_(target.full_donor),
-      positions_(DType::kI32, {1}) {}
+      positions_(backend, sizeof(int32_t)) {
+  const int32_t zero = 0;
+  backend_.upload(&zero, positions_.view(DType::kI32, {1}));
+  if (sliding_donor_ >= 0) {
+    const gemma4::LayerSpec& spec = target.layers[static_cast<size_t>(sliding_donor_)];
+    reserve_gather((int64_t{target.sliding_window} + 1) * spec.n_kv_heads * spec.head_dim);
+  }
+}
+
+void TargetCacheDonors::reserve_gather(int64_t elements) {
+  const size_t bytes = static_cast<size_t>(elements) * sizeof(float);
+  if (gather_k_.size() >= bytes) return;
+  gather_k_ = DeviceBuffer(backend_, bytes);
+  gather_v_ = DeviceBuffer(backend_, bytes);
+}
 
 void TargetCacheDonors::bind(std::span<SequenceKv* const> rows) {
   rows_.assign(rows.begin(), rows.end());
@@ -30,12 +44,11 @@ void TargetCacheDonors::attend(gemma4::LayerType type, const Tensor& q, int rece
     if (kv.is_ring(donor)) {
       const KvLayerSpec& spec = kv.spec().layers[static_cast<size_t>(donor)];
       const int64_t rows = length - from;
-      if (gather_k_.view().empty() || gather_k_.numel() < rows * spec.n_kv_heads * spec.head_dim) {
-        gather_k_ = HostTensor(DType::kF32, {rows * spec.n_kv_heads * spec.head_dim});
-        gather_v_ = HostTensor(DType::kF32, {rows * spec.n_kv_heads * spec.head_dim});
-      }
-      k = Tensor(gather_k_.view().data(), DType::kF32, {rows, spec.n_kv_heads, spec.head_dim});
-      v = Tensor(gather_v_.view().data(), DType::kF32, {rows, spec.n_kv_heads, spec.head_dim});
+      // Rows of one step reuse the same scratch: ops are queued in order, so row
+      // b's attention has read it before row b + 1's gather overwrites it.
+      reserve_gather(rows * spec.n_kv_heads * spec.head_dim);
+      k = gather_k_.view(DType::kF32, {rows, spec.n_kv_heads, spec.head_dim});
+      v = gather_v_.view(DType::kF32, {rows, spec.n_kv_heads, spec.head_dim});
       kv.read_ring(donor, from, length, k, v);
     } else {
       k = kv.full_keys(donor, length).slice_rows(from, length);
@@ -48,7 +61,7 @@ void TargetCacheDonors::attend(gemma4::LayerType type, const Tensor& q, int rece
     p.v = v;
     p.out = out.slice_rows(static_cast<int64_t>(b), static_cast<int64_t>(b) + 1)
                 .reshape({1, n_heads, D});
-    p.q_positions = positions_;
+    p.q_positions = positions_.view(DType::kI32, {1});
     p.k_pos0 = from;
     p.causal = false;
     p.window = 0;

@@ -8,8 +8,8 @@
 #include <span>
 #include <vector>
 
-#include "engine/core/buffer.h"
 #include "engine/kv/kv_cache.h"
+#include "engine/memory/memory_resource.h"
 #include "engine/model/gemma4/config.h"
 #include "engine/ops/backend.h"
 
@@ -27,8 +27,11 @@ class DonorAttention {
 
 // DonorAttention over the target's per-sequence caches: row b reads positions
 // [0, kv_b.length()) of the target's last sliding and last full donor layers.
+// Runs on `backend`'s device (the target's caches live there too).
 class TargetCacheDonors : public DonorAttention {
  public:
+  // Reserves the ring-window scratch for the sliding donor's drafter window
+  // (sliding_window + 1 entries): steady steps allocate nothing.
   TargetCacheDonors(Backend& backend, const gemma4::Gemma4Config& target);
   // Binds the rows of the next draft steps (pointers must stay valid while used).
   void bind(std::span<SequenceKv* const> rows);
@@ -36,12 +39,15 @@ class TargetCacheDonors : public DonorAttention {
               const Tensor& out) override;
 
  private:
+  // Grows the ring-window scratch to hold `elements` f32 values per tensor.
+  void reserve_gather(int64_t elements);
+
   Backend& backend_;
   int sliding_donor_ = -1;
   int full_donor_ = -1;
   std::vector<SequenceKv*> rows_;
-  HostTensor gather_k_, gather_v_;  // ring window scratch, grown on demand
-  HostTensor positions_;            // i32 [1] (unused by non-causal attention)
+  DeviceBuffer gather_k_, gather_v_;  // device ring-window scratch, grown on demand
+  DeviceBuffer positions_;            // i32 [1] zero (unused by non-causal attention)
 };
 
 }  // namespace specula

@@ -62,6 +62,16 @@ void SequenceKv::write_full(int layer, int64_t pos, const Tensor& k, const Tenso
   s.written_end = std::max(s.written_end, pos + n);
 }
 
+Tensor SequenceKv::ring_storage_k(int layer) const {
+  SPECULA_CHECK(is_ring(layer), "layer {} is not a sliding (ring) layer", layer);
+  return store(layer).k;
+}
+
+Tensor SequenceKv::ring_storage_v(int layer) const {
+  SPECULA_CHECK(is_ring(layer), "layer {} is not a sliding (ring) layer", layer);
+  return store(layer).v;
+}
+
 int64_t SequenceKv::ring_oldest(int layer) const {
   return store(layer).retained_from;
 }

@@ -64,6 +64,10 @@ class SequenceKv {
   // Writes positions [pos, pos + n) into the ring (only the last `capacity` of
   // them are kept).
   void write_ring(int layer, int64_t pos, const Tensor& k, const Tensor& v);
+  // The whole ring of a sliding layer, f32 [capacity, kv, D]: position p is at
+  // row p % capacity (for attention that reads the ring in place).
+  Tensor ring_storage_k(int layer) const;
+  Tensor ring_storage_v(int layer) const;
   // Oldest position still stored in the ring of `layer`.
   int64_t ring_oldest(int layer) const;
 

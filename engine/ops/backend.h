@@ -33,6 +33,11 @@ struct AttentionParams {
   bool causal = true;
   int window = 0;
   float scale = 1.0f;  // scores = scale * q·k (Gemma 4 uses 1.0)
+  // Ring layout, for sliding caches read in place: when ring_keys >= 0, k and v
+  // hold a ring of R = k.dim(0) rows with absolute position kp at row kp % R,
+  // and the keys are positions k_pos0 .. k_pos0 + ring_keys - 1 (ring_keys ≤ R).
+  // Results are identical to the same keys laid out contiguously.
+  int64_t ring_keys = -1;
 };
 
 // Mixture-of-experts routing of N tokens over E experts (gemma4-architecture.md §6).

@@ -88,7 +88,13 @@ void CpuBackend::attention(const AttentionParams& p) {
   const int64_t s_len = p.q.dim(0);
   const int64_t n_heads = p.q.dim(1);
   const int64_t d = p.q.dim(2);
-  const int64_t t_len = p.k.dim(0);
+  const bool ring = p.ring_keys >= 0;
+  const int64_t ring_rows = p.k.dim(0);
+  if (ring && (p.ring_keys > ring_rows || p.k_pos0 < 0)) {
+    fail("attention: ring_keys {} at k_pos0 {} do not fit the ring k {}", p.ring_keys, p.k_pos0,
+         p.k.describe());
+  }
+  const int64_t t_len = ring ? p.ring_keys : p.k.dim(0);
   const int64_t n_kv = p.k.dim(1);
   if (p.k.dim(2) != d) {
     fail("attention: q {} and k {} disagree on the head dimension ({} vs {})", p.q.describe(),
@@ -150,7 +156,8 @@ void CpuBackend::attention(const AttentionParams& p) {
         const int64_t kvh = h / group;
         float max_score = -std::numeric_limits<float>::infinity();
         for (int64_t j = lo; j <= hi; ++j) {
-          const float sc = scale * cpu::dot(qr, k + (j * n_kv + kvh) * d, d);
+          const int64_t kr = ring ? (k_pos0 + j) % ring_rows : j;
+          const float sc = scale * cpu::dot(qr, k + (kr * n_kv + kvh) * d, d);
           scores[j - lo] = sc;
           max_score = std::max(max_score, sc);
         }
@@ -164,7 +171,8 @@ void CpuBackend::attention(const AttentionParams& p) {
         std::fill(o, o + d, 0.0f);
         for (int64_t j = lo; j <= hi; ++j) {
           const float prob = scores[j - lo] / denom;
-          cpu::axpy(prob, v + (j * n_kv + kvh) * d, o, d);
+          const int64_t kr = ring ? (k_pos0 + j) % ring_rows : j;
+          cpu::axpy(prob, v + (kr * n_kv + kvh) * d, o, d);
         }
       }
     }

@@ -9,6 +9,7 @@
 
 #include "engine/io/json_util.h"
 #include "engine/model/gemma4/gemma4.h"
+#include "engine/model/gemma4/weights.h"
 
 namespace specula::assistant {
 namespace {
@@ -19,6 +20,145 @@ std::string config_file(const std::string& path) {
 
 const char* type_name(gemma4::LayerType t) {
   return t == gemma4::LayerType::kSliding ? "sliding_attention" : "full_attention";
+}
+
+// HF's validate_architecture (§10.1): the drafter's own stack has no PLE, MoE or
+// double-wide MLP, and every layer is KV-shared. Errors start with `origin`.
+void check_assistant_text(const AssistantConfig& c, const std::string& origin) {
+  const gemma4::Gemma4Config& t = c.text;
+  if (t.hidden_size_per_layer_input != 0) {
+    fail("{}: text_config.hidden_size_per_layer_input must be 0 for an assistant drafter, got {}",
+         origin, t.hidden_size_per_layer_input);
+  }
+  if (t.enable_moe_block)
+    fail("{}: text_config.enable_moe_block must be false for an assistant drafter", origin);
+  if (t.use_double_wide_mlp)
+    fail("{}: text_config.use_double_wide_mlp must be false for an assistant drafter", origin);
+  if (t.num_kv_shared_layers != t.num_hidden_layers) {
+    fail(
+        "{}: text_config.num_kv_shared_layers ({}) must equal num_hidden_layers ({}) for an "
+        "assistant drafter",
+        origin, t.num_kv_shared_layers, t.num_hidden_layers);
+  }
+  if (c.backbone_hidden_size <= 0)
+    fail("{}: backbone_hidden_size must be positive, got {}", origin, c.backbone_hidden_size);
+}
+
+// The drafter reads the target's donor K/V and emits target tokens: its
+// geometry must mirror the target's donor layers.
+void check_against_target(const AssistantConfig& c, const gemma4::Gemma4Config& target,
+                          const std::string& origin) {
+  const gemma4::Gemma4Config& t = c.text;
+  if (c.backbone_hidden_size != target.hidden_size) {
+    fail("{}: backbone_hidden_size {} does not match the target's hidden_size {}", origin,
+         c.backbone_hidden_size, target.hidden_size);
+  }
+  if (t.vocab_size != target.vocab_size) {
+    fail("{}: vocab_size {} does not match the target's vocab_size {}", origin, t.vocab_size,
+         target.vocab_size);
+  }
+  if (t.layers.size() != static_cast<size_t>(t.num_hidden_layers)) {
+    fail("{}: the drafter's text config is not finalized ({} layer specs for {} layers)", origin,
+         t.layers.size(), t.num_hidden_layers);
+  }
+  for (int i = 0; i < t.num_hidden_layers; ++i) {
+    const gemma4::LayerSpec& mine = t.layers[static_cast<size_t>(i)];
+    const int donor = target.donor_of_type(mine.type);
+    if (donor < 0) {
+      fail("{}: drafter layer {} attends to {} K/V but the target has no such donor layer", origin,
+           i, type_name(mine.type));
+    }
+    const gemma4::LayerSpec& theirs = target.layers[static_cast<size_t>(donor)];
+    if (mine.head_dim != theirs.head_dim || mine.n_kv_heads != theirs.n_kv_heads) {
+      fail(
+          "{}: drafter layer {} ({}) expects head_dim {} with {} KV heads, but the target's donor "
+          "layer {} has "
+          "head_dim {} with {} KV heads",
+          origin, i, type_name(mine.type), mine.head_dim, mine.n_kv_heads, donor, theirs.head_dim,
+          theirs.n_kv_heads);
+    }
+    if (t.num_attention_heads % theirs.n_kv_heads != 0) {
+      fail("{}: drafter num_attention_heads {} is not a multiple of the target's {} KV heads",
+           origin, t.num_attention_heads, theirs.n_kv_heads);
+    }
+  }
+}
+
+void check_centroids(const AssistantConfig& c, const std::string& origin) {
+  const int V = c.text.vocab_size;
+  if (c.num_centroids <= 0 || V % c.num_centroids != 0) {
+    fail("{}: vocab_size {} is not divisible by num_centroids {}", origin, V, c.num_centroids);
+  }
+  if (c.centroid_intermediate_top_k <= 0 || c.centroid_intermediate_top_k > c.num_centroids) {
+    fail("{}: centroid_intermediate_top_k {} must be in [1, num_centroids={}]", origin,
+         c.centroid_intermediate_top_k, c.num_centroids);
+  }
+}
+
+// Declares every weight the drafter reads (§10.2) into `table`, bound to `w`.
+// Tensors it never reads are declared ignored.
+void declare_assistant_weights(const AssistantConfig& c, bool centroids, AssistantWeights* w,
+                               io::WeightTable* table) {
+  const gemma4::Gemma4Config& t = c.text;
+  const int64_t Ha = t.hidden_size, Hb = c.backbone_hidden_size;
+  table->add("pre_projection.weight", {Ha, 2 * Hb}, &w->pre_projection);
+  table->add("post_projection.weight", {Hb, Ha}, &w->post_projection);
+  table->add("model.embed_tokens.weight", {t.vocab_size, Ha}, &w->embed_tokens);
+  table->add("model.norm.weight", {Ha}, &w->norm);
+  table->ignore("lm_head.weight");
+  if (centroids) {
+    table->add("masked_embedding.centroids.weight", {c.num_centroids, Ha}, &w->centroids);
+    table->add_typed("masked_embedding.token_ordering", {t.vocab_size}, {DType::kI64, DType::kI32},
+                     &w->token_ordering);
+  } else {
+    table->ignore("masked_embedding.token_ordering");
+  }
+  w->layers.resize(static_cast<size_t>(t.num_hidden_layers));
+  for (int i = 0; i < t.num_hidden_layers; ++i) {
+    const gemma4::LayerSpec& spec = t.layers[static_cast<size_t>(i)];
+    AssistantLayerWeights& lw = w->layers[static_cast<size_t>(i)];
+    const std::string lp = fmt::format("model.layers.{}.", i);
+    const int64_t D = spec.head_dim, I = spec.intermediate_size, Nh = t.num_attention_heads;
+    table->add(lp + "input_layernorm.weight", {Ha}, &lw.input_layernorm);
+    table->add(lp + "post_attention_layernorm.weight", {Ha}, &lw.post_attention_layernorm);
+    table->add(lp + "pre_feedforward_layernorm.weight", {Ha}, &lw.pre_feedforward_layernorm);
+    table->add(lp + "post_feedforward_layernorm.weight", {Ha}, &lw.post_feedforward_layernorm);
+    table->add(lp + "self_attn.q_proj.weight", {Nh * D, Ha}, &lw.q_proj);
+    table->add(lp + "self_attn.q_norm.weight", {D}, &lw.q_norm);
+    table->add(lp + "self_attn.o_proj.weight", {Ha, Nh * D}, &lw.o_proj);
+    table->add(lp + "mlp.gate_proj.weight", {I, Ha}, &lw.gate_proj);
+    table->add(lp + "mlp.up_proj.weight", {I, Ha}, &lw.up_proj);
+    table->add(lp + "mlp.down_proj.weight", {Ha, I}, &lw.down_proj);
+    table->add(lp + "layer_scalar", {1}, &lw.layer_scalar);
+    for (const char* n :
+         {"self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight"}) {
+      table->ignore(lp + n);
+    }
+  }
+}
+
+// SplitMix64 (Steele et al.): a tiny, portable generator, so that a seeded
+// random drafter's token ordering is the same with every standard library.
+uint64_t splitmix64(uint64_t* state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Grows a host staging vector to at least n elements (never shrinks, so steady
+// steps of the same size allocate nothing).
+template <typename T>
+void grow(std::vector<T>* v, int64_t n) {
+  if (v->size() < static_cast<size_t>(n)) v->resize(static_cast<size_t>(n));
+}
+
+// Host pointer to t's f32 contents: t itself on the CPU, else downloaded into `staging`.
+const float* on_host(Backend& be, const Tensor& t, std::vector<float>* staging) {
+  if (t.device().is_cpu()) return t.data_as<const float>();
+  grow(staging, t.numel());
+  be.download(t, staging->data());
+  return staging->data();
 }
 
 }  // namespace
@@ -53,24 +193,64 @@ AssistantConfig load_assistant_config(const std::string& path) {
   c.use_ordered_embeddings = root.value("use_ordered_embeddings", false);
   c.num_centroids = get_int("num_centroids", 2048);
   c.centroid_intermediate_top_k = get_int("centroid_intermediate_top_k", 32);
+  check_assistant_text(c, file);
+  return c;
+}
 
-  const gemma4::Gemma4Config& t = c.text;
-  if (t.hidden_size_per_layer_input != 0) {
-    fail("{}: text_config.hidden_size_per_layer_input must be 0 for an assistant drafter, got {}",
-         file, t.hidden_size_per_layer_input);
+AssistantConfig assistant_config_for(const gemma4::Gemma4Config& target, int num_layers) {
+  const std::string origin = "assistant_config_for";
+  if (num_layers <= 0) fail("{}: num_layers must be positive, got {}", origin, num_layers);
+  // E2B/E4B (per-layer embeddings) ship the small centroid-head drafter; 26B/31B the wide
+  // dense-head one (§10.1, "Known drafter configs").
+  const bool small = target.has_ple();
+  AssistantConfig c;
+  c.backbone_hidden_size = target.hidden_size;
+  c.use_ordered_embeddings = small;
+  c.num_centroids = 2048;
+  c.centroid_intermediate_top_k = 32;
+
+  gemma4::Gemma4Config& t = c.text;
+  t.source_kind = "gemma4_text";
+  t.weight_prefix = "model.";
+  t.vocab_size = target.vocab_size;
+  t.hidden_size = small ? 256 : 1024;
+  t.intermediate_size = small ? 2048 : 8192;
+  t.num_hidden_layers = num_layers;
+  // Attention mirrors the donors: same head dims, KV heads (k_eq_v included), RoPE, window.
+  t.num_key_value_heads = target.num_key_value_heads;
+  t.num_global_key_value_heads = target.num_global_key_value_heads;
+  t.attention_k_eq_v = target.attention_k_eq_v;
+  t.head_dim = target.head_dim;
+  t.global_head_dim = target.global_head_dim;
+  t.rope_sliding = target.rope_sliding;
+  t.rope_full = target.rope_full;
+  t.sliding_window = target.sliding_window;
+  // The small drafters use 4 query heads; keep the target's count where 4 cannot
+  // group over the donors' KV heads (the target's count always can).
+  int heads = small ? 4 : target.num_attention_heads;
+  for (const int donor : {target.sliding_donor, target.full_donor}) {
+    if (donor >= 0 && heads % target.layers[static_cast<size_t>(donor)].n_kv_heads != 0)
+      heads = target.num_attention_heads;
   }
-  if (t.enable_moe_block)
-    fail("{}: text_config.enable_moe_block must be false for an assistant drafter", file);
-  if (t.use_double_wide_mlp)
-    fail("{}: text_config.use_double_wide_mlp must be false for an assistant drafter", file);
-  if (t.num_kv_shared_layers != t.num_hidden_layers) {
-    fail(
-        "{}: text_config.num_kv_shared_layers ({}) must equal num_hidden_layers ({}) for an "
-        "assistant drafter",
-        file, t.num_kv_shared_layers, t.num_hidden_layers);
-  }
-  if (c.backbone_hidden_size <= 0)
-    fail("{}: backbone_hidden_size must be positive, got {}", file, c.backbone_hidden_size);
+  t.num_attention_heads = heads;
+  t.max_position_embeddings = target.max_position_embeddings;
+  t.rms_norm_eps = target.rms_norm_eps;
+  t.pad_token_id = target.pad_token_id;
+  t.eos_token_ids = target.eos_token_ids;
+  t.bos_token_id = target.bos_token_id;
+  t.tie_word_embeddings = true;
+  t.final_logit_softcapping.reset();  // never applied by the drafter
+  t.vocab_size_per_layer_input = 0;
+  t.hidden_size_per_layer_input = 0;
+  t.num_kv_shared_layers = num_layers;
+  t.enable_moe_block = false;
+  t.use_double_wide_mlp = false;
+  t.layer_types.assign(static_cast<size_t>(num_layers), gemma4::LayerType::kSliding);
+  t.layer_types.back() = gemma4::LayerType::kFull;
+  t.finalize(origin);
+
+  check_assistant_text(c, origin);
+  check_against_target(c, target, origin);
   return c;
 }
 
@@ -85,97 +265,22 @@ std::unique_ptr<AssistantDrafter> AssistantDrafter::load(const std::string& path
   const AssistantConfig& c = d->config_;
   const gemma4::Gemma4Config& t = c.text;
   const std::string file = config_file(path);
-
-  // The drafter reads the target's donor K/V and emits target tokens: its
-  // geometry must mirror the target's donor layers.
-  if (c.backbone_hidden_size != target.hidden_size) {
-    fail("{}: backbone_hidden_size {} does not match the target's hidden_size {}", file,
-         c.backbone_hidden_size, target.hidden_size);
-  }
-  if (t.vocab_size != target.vocab_size) {
-    fail("{}: vocab_size {} does not match the target's vocab_size {}", file, t.vocab_size,
-         target.vocab_size);
-  }
-  for (int i = 0; i < t.num_hidden_layers; ++i) {
-    const gemma4::LayerSpec& mine = t.layers[static_cast<size_t>(i)];
-    const int donor = target.donor_of_type(mine.type);
-    if (donor < 0) {
-      fail("{}: drafter layer {} attends to {} K/V but the target has no such donor layer", file, i,
-           type_name(mine.type));
-    }
-    const gemma4::LayerSpec& theirs = target.layers[static_cast<size_t>(donor)];
-    if (mine.head_dim != theirs.head_dim || mine.n_kv_heads != theirs.n_kv_heads) {
-      fail(
-          "{}: drafter layer {} ({}) expects head_dim {} with {} KV heads, but the target's donor "
-          "layer {} has "
-          "head_dim {} with {} KV heads",
-          file, i, type_name(mine.type), mine.head_dim, mine.n_kv_heads, donor, theirs.head_dim,
-          theirs.n_kv_heads);
-    }
-    if (t.num_attention_heads % theirs.n_kv_heads != 0) {
-      fail("{}: drafter num_attention_heads {} is not a multiple of the target's {} KV heads", file,
-           t.num_attention_heads, theirs.n_kv_heads);
-    }
-  }
+  check_against_target(c, target, file);
 
   d->checkpoint_ = std::make_unique<io::Checkpoint>(path);
   const io::Checkpoint& ckpt = *d->checkpoint_;
   AssistantWeights& w = d->weights_;
   io::WeightTable table;
-  const int64_t Ha = t.hidden_size, Hb = c.backbone_hidden_size;
-  table.add("pre_projection.weight", {Ha, 2 * Hb}, &w.pre_projection);
-  table.add("post_projection.weight", {Hb, Ha}, &w.post_projection);
-  table.add("model.embed_tokens.weight", {t.vocab_size, Ha}, &w.embed_tokens);
-  table.add("model.norm.weight", {Ha}, &w.norm);
-  table.ignore("lm_head.weight");
   // The head is chosen by which tensors exist, as the shipped 12B/26B drafters
   // declare centroids in their config but ship none.
   const bool has_centroids = ckpt.contains("masked_embedding.centroids.weight");
-  if (has_centroids) {
-    if (c.num_centroids <= 0 || t.vocab_size % c.num_centroids != 0) {
-      fail("{}: vocab_size {} is not divisible by num_centroids {}", file, t.vocab_size,
-           c.num_centroids);
-    }
-    if (c.centroid_intermediate_top_k <= 0 || c.centroid_intermediate_top_k > c.num_centroids) {
-      fail("{}: centroid_intermediate_top_k {} must be in [1, num_centroids={}]", file,
-           c.centroid_intermediate_top_k, c.num_centroids);
-    }
-    table.add("masked_embedding.centroids.weight", {c.num_centroids, Ha}, &w.centroids);
-    table.add_typed("masked_embedding.token_ordering", {t.vocab_size}, {DType::kI64, DType::kI32},
-                    &w.token_ordering);
-  } else {
-    table.ignore("masked_embedding.token_ordering");
-  }
-  w.layers.resize(static_cast<size_t>(t.num_hidden_layers));
-  for (int i = 0; i < t.num_hidden_layers; ++i) {
-    const gemma4::LayerSpec& spec = t.layers[static_cast<size_t>(i)];
-    AssistantLayerWeights& lw = w.layers[static_cast<size_t>(i)];
-    const std::string lp = fmt::format("model.layers.{}.", i);
-    const int64_t D = spec.head_dim, I = spec.intermediate_size, Nh = t.num_attention_heads;
-    table.add(lp + "input_layernorm.weight", {Ha}, &lw.input_layernorm);
-    table.add(lp + "post_attention_layernorm.weight", {Ha}, &lw.post_attention_layernorm);
-    table.add(lp + "pre_feedforward_layernorm.weight", {Ha}, &lw.pre_feedforward_layernorm);
-    table.add(lp + "post_feedforward_layernorm.weight", {Ha}, &lw.post_feedforward_layernorm);
-    table.add(lp + "self_attn.q_proj.weight", {Nh * D, Ha}, &lw.q_proj);
-    table.add(lp + "self_attn.q_norm.weight", {D}, &lw.q_norm);
-    table.add(lp + "self_attn.o_proj.weight", {Ha, Nh * D}, &lw.o_proj);
-    table.add(lp + "mlp.gate_proj.weight", {I, Ha}, &lw.gate_proj);
-    table.add(lp + "mlp.up_proj.weight", {I, Ha}, &lw.up_proj);
-    table.add(lp + "mlp.down_proj.weight", {Ha, I}, &lw.down_proj);
-    table.add(lp + "layer_scalar", {1}, &lw.layer_scalar);
-    for (const char* n :
-         {"self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight"}) {
-      table.ignore(lp + n);
-    }
-  }
+  if (has_centroids) check_centroids(c, file);
+  declare_assistant_weights(c, has_centroids, &w, &table);
   table.bind(ckpt);
 
-  for (int i = 0; i < t.num_hidden_layers; ++i) {
-    d->layer_scalars_.push_back(host_scalar(w.layers[static_cast<size_t>(i)].layer_scalar,
-                                            fmt::format("model.layers.{}.layer_scalar", i)));
-  }
   if (has_centroids) {
     // Every token must appear exactly once, or a candidate id could fall outside the vocabulary.
+    // Read here, from the mapped checkpoint, and kept on the host only.
     const int64_t V = t.vocab_size;
     d->ordering_.resize(static_cast<size_t>(V));
     std::vector<char> seen(static_cast<size_t>(V), 0);
@@ -190,18 +295,73 @@ std::unique_ptr<AssistantDrafter> AssistantDrafter::load(const std::string& path
       seen[static_cast<size_t>(id)] = 1;
       d->ordering_[static_cast<size_t>(i)] = static_cast<int32_t>(id);
     }
+    w.token_ordering = Tensor();
   }
-  if (has_centroids) {
-    const int64_t n_cand =
-        int64_t{c.centroid_intermediate_top_k} * (t.vocab_size / c.num_centroids);
-    d->candidates_ = HostTensor(DType::kI32, {n_cand});
-    d->candidate_rows_ = HostTensor(DType::kF32, {n_cand, Ha});
-    d->candidate_scores_ = HostTensor(DType::kF32, {1, n_cand});
-    d->centroid_order_.resize(static_cast<size_t>(c.num_centroids));
-  }
-  d->inv_freq_sliding_ = gemma4::rope_inv_freq(t.rope_sliding, t.head_dim);
-  d->inv_freq_full_ = gemma4::rope_inv_freq(t.rope_full, t.global_head_dim);
+  d->weight_buffer_ = gemma4::place_weights(table, backend);
+  d->init_after_weights();
   return d;
+}
+
+std::unique_ptr<AssistantDrafter> AssistantDrafter::random(const AssistantConfig& config,
+                                                           const gemma4::Gemma4Config& target,
+                                                           Backend& backend, uint64_t seed,
+                                                           bool centroid_head) {
+  const std::string origin = fmt::format("random assistant drafter (seed {})", seed);
+  std::unique_ptr<AssistantDrafter> d(new AssistantDrafter());
+  d->config_ = config;
+  d->backend_ = &backend;
+  const AssistantConfig& c = d->config_;
+  check_assistant_text(c, origin);
+  check_against_target(c, target, origin);
+  if (centroid_head) check_centroids(c, origin);
+  io::WeightTable table;
+  declare_assistant_weights(c, centroid_head, &d->weights_, &table);
+  // token_ordering (integer) is left empty by random_weights: the permutation is host-only.
+  d->weight_buffer_ = gemma4::random_weights(table, backend, seed, DType::kBF16);
+  if (centroid_head) {
+    // Fisher-Yates over the vocabulary with a stream of its own (the weights use seed + i).
+    const int64_t V = c.text.vocab_size;
+    d->ordering_.resize(static_cast<size_t>(V));
+    std::iota(d->ordering_.begin(), d->ordering_.end(), 0);
+    uint64_t state = seed ^ 0x5EED0D0E5EED0D0Eull;
+    for (int64_t i = V - 1; i > 0; --i) {
+      const int64_t j = static_cast<int64_t>(splitmix64(&state) % static_cast<uint64_t>(i + 1));
+      std::swap(d->ordering_[static_cast<size_t>(i)], d->ordering_[static_cast<size_t>(j)]);
+    }
+  }
+  d->init_after_weights();
+  return d;
+}
+
+void AssistantDrafter::init_after_weights() {
+  Backend& be = *backend_;
+  const AssistantConfig& c = config_;
+  const gemma4::Gemma4Config& t = c.text;
+  layer_scalars_.clear();
+  for (int i = 0; i < t.num_hidden_layers; ++i) {
+    layer_scalars_.push_back(
+        gemma4::read_scalar(be, weights_.layers[static_cast<size_t>(i)].layer_scalar,
+                            fmt::format("model.layers.{}.layer_scalar", i)));
+  }
+  // RoPE tables: computed on the host, one upload into one device buffer.
+  const HostTensor sliding = gemma4::rope_inv_freq(t.rope_sliding, t.head_dim);
+  const HostTensor full = gemma4::rope_inv_freq(t.rope_full, t.global_head_dim);
+  const size_t sliding_bytes = (sliding.view().nbytes() + 255) / 256 * 256;
+  inv_freq_buffer_ = DeviceBuffer(be, sliding_bytes + full.view().nbytes());
+  inv_freq_sliding_ = inv_freq_buffer_.view(DType::kF32, sliding.shape());
+  inv_freq_full_ = Tensor(static_cast<char*>(inv_freq_buffer_.data()) + sliding_bytes, DType::kF32,
+                          full.shape(), be.device());
+  be.upload(sliding.view().data(), inv_freq_sliding_);
+  be.upload(full.view().data(), inv_freq_full_);
+
+  // Products' reduction widths: 2·Hb (pre_projection), Ha, Nh·D (o_proj), I (down_proj).
+  int64_t max_width = std::max<int64_t>(2 * int64_t{c.backbone_hidden_size}, t.hidden_size);
+  max_width = std::max<int64_t>(
+      max_width, int64_t{t.num_attention_heads} * std::max(t.head_dim, t.global_head_dim));
+  for (const gemma4::LayerSpec& l : t.layers)
+    max_width = std::max<int64_t>(max_width, l.intermediate_size);
+  be.reserve_scratch(0, max_width);
+  if (centroid_head()) centroid_order_.resize(static_cast<size_t>(c.num_centroids));
 }
 
 std::string AssistantDrafter::head_description() const {
@@ -213,6 +373,14 @@ std::string AssistantDrafter::head_description() const {
   }
   return fmt::format("tied dense head over {} tokens", config_.text.vocab_size);
 }
+
+// Device scratch of the centroid head for one step (carved from the step arena).
+struct AssistantDrafter::CentroidScratch {
+  Tensor scores;            // f32 [B, G]
+  Tensor candidates;        // i32 [B, K · V/G]
+  Tensor candidate_rows;    // f32 [K · V/G, Ha], reused row after row
+  Tensor candidate_scores;  // f32 [B, K · V/G]
+};
 
 DraftStepOutputs AssistantDrafter::step(const DraftStepInputs& in, DonorAttention& donors) {
   Backend& be = *backend_;
@@ -226,11 +394,16 @@ DraftStepOutputs AssistantDrafter::step(const DraftStepInputs& in, DonorAttentio
   check_tensor(in.positions, {B}, DType::kI32, "draft step positions");
   int max_d = std::max(t.head_dim, t.global_head_dim), max_i = 0;
   for (const auto& l : t.layers) max_i = std::max(max_i, l.intermediate_size);
+  const bool centroids = centroid_head();
+  const int64_t G = config_.num_centroids;
+  const int64_t n_cand = centroids ? int64_t{config_.centroid_intermediate_top_k} * (V / G) : 0;
 
   struct Scratch {
-    Tensor x_in, x, xn, o, q, attn, gate, up, h, next_hidden, logits, tokens;
+    Tensor stacked, x_in, x, xn, o, q, attn, gate, up, h, next_hidden, logits, tokens;
   } s;
+  CentroidScratch cs;
   auto carve = [&](Arena& a) {
+    s.stacked = a.alloc(DType::kF32, {2, B, Hb});
     s.x_in = a.alloc(DType::kF32, {B, 2 * Hb});
     s.x = a.alloc(DType::kF32, {B, Ha});
     s.xn = a.alloc(DType::kF32, {B, Ha});
@@ -243,18 +416,26 @@ DraftStepOutputs AssistantDrafter::step(const DraftStepInputs& in, DonorAttentio
     s.next_hidden = a.alloc(DType::kF32, {B, Hb});
     s.logits = a.alloc(DType::kF32, {B, V});
     s.tokens = a.alloc(DType::kI32, {B});
+    if (centroids) {
+      cs.scores = a.alloc(DType::kF32, {B, G});
+      cs.candidates = a.alloc(DType::kI32, {B, n_cand});
+      cs.candidate_rows = a.alloc(DType::kF32, {n_cand, Ha});
+      cs.candidate_scores = a.alloc(DType::kF32, {B, n_cand});
+    }
   };
   Arena measure = Arena::measuring();
   carve(measure);
-  if (measure.used() > arena_.capacity()) arena_ = Arena(measure.used() + measure.used() / 4);
+  if (measure.used() > arena_.capacity()) {
+    arena_ = Arena(measure.used() + measure.used() / 4, backend_);
+  }
   arena_.reset();
   carve(arena_);
 
-  // [embedding ; hidden], embedding first (§11).
-  for (int64_t b = 0; b < B; ++b) {
-    be.copy(in.token_embeds.row(b), s.x_in.row(b).reshape({2, Hb}).row(0));
-    be.copy(in.hidden.row(b), s.x_in.row(b).reshape({2, Hb}).row(1));
-  }
+  // [embedding ; hidden], embedding first (§11): stack both as [2, B, Hb] and
+  // swap the leading axes into [B, 2, Hb] (three ops whatever B is).
+  be.copy(in.token_embeds, s.stacked.row(0));
+  be.copy(in.hidden, s.stacked.row(1));
+  be.transpose01(s.stacked, s.x_in.reshape({B, 2, Hb}));
   be.linear(s.x_in, weights_.pre_projection, s.x);
 
   for (int l = 0; l < t.num_hidden_layers; ++l) {
@@ -263,19 +444,19 @@ DraftStepOutputs AssistantDrafter::step(const DraftStepInputs& in, DonorAttentio
     const bool sliding = spec.type == gemma4::LayerType::kSliding;
     const int64_t D = spec.head_dim, I = spec.intermediate_size;
     be.rms_norm(s.x, w.input_layernorm, eps, s.xn);
-    Tensor q(s.q.data(), DType::kF32, {B, Nh * D});
+    Tensor q(s.q.data(), DType::kF32, {B, Nh * D}, s.q.device());
     be.linear(s.xn, w.q_proj, q);
     be.rms_norm(q.reshape({B * Nh, D}), w.q_norm, eps, q.reshape({B * Nh, D}));
-    be.rope(q.reshape({B, Nh, D}), in.positions,
-            sliding ? inv_freq_sliding_.view() : inv_freq_full_.view());
-    Tensor attn(s.attn.data(), DType::kF32, {B, Nh, D});
+    be.rope(q.reshape({B, Nh, D}), in.positions, sliding ? inv_freq_sliding_ : inv_freq_full_);
+    Tensor attn(s.attn.data(), DType::kF32, {B, Nh, D}, s.attn.device());
     // transformers' drafter mask keeps the newest sliding_window + 1 sliding entries
     // (an inclusive |q - k| <= W overlay) and every full-attention entry.
     donors.attend(spec.type, q.reshape({B, Nh, D}), sliding ? t.sliding_window + 1 : 0, 1.0f, attn);
     be.linear(attn.reshape({B, Nh * D}), w.o_proj, s.o);
     be.rms_norm(s.o, w.post_attention_layernorm, eps, s.o);
     be.add(s.x, s.o, s.x);
-    Tensor gate(s.gate.data(), DType::kF32, {B, I}), up(s.up.data(), DType::kF32, {B, I});
+    Tensor gate(s.gate.data(), DType::kF32, {B, I}, s.gate.device());
+    Tensor up(s.up.data(), DType::kF32, {B, I}, s.up.device());
     be.rms_norm(s.x, w.pre_feedforward_layernorm, eps, s.xn);
     be.linear(s.xn, w.gate_proj, gate);
     be.linear(s.xn, w.up_proj, up);
@@ -287,8 +468,8 @@ DraftStepOutputs AssistantDrafter::step(const DraftStepInputs& in, DonorAttentio
   }
   be.rms_norm(s.x, weights_.norm, eps, s.h);
   be.linear(s.h, weights_.post_projection, s.next_hidden);
-  if (centroid_head()) {
-    centroid_logits(s.h, s.logits);
+  if (centroids) {
+    centroid_logits(s.h, cs, s.logits);
   } else {
     be.linear(s.h, weights_.embed_tokens, s.logits);
   }
@@ -298,39 +479,57 @@ DraftStepOutputs AssistantDrafter::step(const DraftStepInputs& in, DonorAttentio
 
 // Centroid head (§10.3 step 5): score the centroids, keep the top-k clusters,
 // score only their tokens, and fill every other logit with (min score − 1).
-void AssistantDrafter::centroid_logits(const Tensor& h, const Tensor& logits) {
+//
+// Scores are products on the device; the top-k, the fill and the scatter run on
+// the host: one readback of the [B, G] centroid scores and one of the [B, K·V/G]
+// candidate scores per step, then an upload of the built [B, V] logits (on the
+// CPU these are plain views, no copies). Device-side top-k, fill and scatter are
+// future work (they need ops the Backend does not have yet).
+void AssistantDrafter::centroid_logits(const Tensor& h, const CentroidScratch& s,
+                                       const Tensor& logits) {
   Backend& be = *backend_;
   const int64_t B = h.dim(0), Ha = h.dim(1);
+  const int64_t V = config_.text.vocab_size;
   const int64_t G = config_.num_centroids, K = config_.centroid_intermediate_top_k;
-  const int64_t per = config_.text.vocab_size / G;
-  if (centroid_scores_.view().empty() || centroid_scores_.shape()[0] < B) {
-    centroid_scores_ = HostTensor(DType::kF32, {B, G});
-  }
-  Tensor scores = centroid_scores_.view().slice_rows(0, B);
-  const HostTensor& cand = candidates_;
-  const HostTensor& rows = candidate_rows_;
-  const HostTensor& cand_scores = candidate_scores_;
+  const int64_t per = V / G, n_cand = K * per;
   std::vector<int32_t>& order = centroid_order_;
-  be.linear(h, weights_.centroids, scores);
+
+  be.linear(h, weights_.centroids, s.scores);
+  const float* scores = on_host(be, s.scores, &centroid_scores_host_);
+  const bool host_ids = s.candidates.device().is_cpu();
+  if (!host_ids) grow(&candidates_host_, B * n_cand);
+  int32_t* ids_all = host_ids ? s.candidates.data_as<int32_t>() : candidates_host_.data();
   for (int64_t b = 0; b < B; ++b) {
-    const float* sc = scores.data_as<const float>() + b * G;
+    const float* sc = scores + b * G;
     std::iota(order.begin(), order.end(), 0);
     // torch.topk order: descending score, lower index first among equals.
     std::partial_sort(order.begin(), order.begin() + K, order.end(),
                       [&](int32_t x, int32_t y) { return sc[x] != sc[y] ? sc[x] > sc[y] : x < y; });
-    int32_t* ids = cand.data<int32_t>();
+    int32_t* ids = ids_all + b * n_cand;
     for (int64_t k = 0; k < K; ++k) {
       std::memcpy(ids + k * per, ordering_.data() + order[static_cast<size_t>(k)] * per,
                   static_cast<size_t>(per) * sizeof(int32_t));
     }
-    be.embedding(weights_.embed_tokens, cand, 1.0f, rows);
-    be.linear(h.row(b).reshape({1, Ha}), rows, cand_scores);
-    const float* cs = cand_scores.data<float>();
-    const float fill = *std::min_element(cs, cs + K * per) - 1.0f;
-    float* out = logits.data_as<float>() + b * config_.text.vocab_size;
-    std::fill(out, out + config_.text.vocab_size, fill);
-    for (int64_t j = 0; j < K * per; ++j) out[ids[j]] = cs[j];
   }
+  if (!host_ids) be.upload(candidates_host_.data(), s.candidates);
+  for (int64_t b = 0; b < B; ++b) {
+    be.embedding(weights_.embed_tokens, s.candidates.row(b), 1.0f, s.candidate_rows);
+    be.linear(h.row(b).reshape({1, Ha}), s.candidate_rows,
+              s.candidate_scores.row(b).reshape({1, n_cand}));
+  }
+  const float* cand_scores = on_host(be, s.candidate_scores, &candidate_scores_host_);
+  const bool host_logits = logits.device().is_cpu();
+  if (!host_logits) grow(&logits_host_, B * V);
+  float* out_all = host_logits ? logits.data_as<float>() : logits_host_.data();
+  for (int64_t b = 0; b < B; ++b) {
+    const float* cs = cand_scores + b * n_cand;
+    const int32_t* ids = ids_all + b * n_cand;
+    const float fill = *std::min_element(cs, cs + n_cand) - 1.0f;
+    float* out = out_all + b * V;
+    std::fill(out, out + V, fill);
+    for (int64_t j = 0; j < n_cand; ++j) out[ids[j]] = cs[j];
+  }
+  if (!host_logits) be.upload(logits_host_.data(), logits);
 }
 
 }  // namespace specula::assistant

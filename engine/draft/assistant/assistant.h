@@ -4,8 +4,13 @@
 // [target scaled embedding of the last token ; target post-norm hidden], whose
 // next hidden is post_projection of its normed state, with a centroid
 // ("masked embedding") or a tied dense output head.
+//
+// Device-generic: weights, scratch and every tensor an op touches live on the
+// Backend's device; host-side state (layer scalars, the token ordering) is read
+// once at load.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +20,7 @@
 #include "engine/io/safetensors.h"
 #include "engine/io/weight_table.h"
 #include "engine/memory/arena.h"
+#include "engine/memory/memory_resource.h"
 #include "engine/model/gemma4/config.h"
 
 namespace specula::assistant {
@@ -29,6 +35,15 @@ struct AssistantConfig {
 
 // Parses `<dir>/config.json` of model_type gemma4_assistant; errors name the file and field.
 AssistantConfig load_assistant_config(const std::string& path);
+
+// The config of a drafter of the released shape for `target` (gemma4-architecture.md
+// §10.1), for benchmarks without a checkpoint. Targets with per-layer embeddings
+// (E2B/E4B class) get the small drafter: hidden 256, MLP 2048, 4 query heads and
+// a centroid head (2048 centroids, top-32); the others (26B/31B class) get hidden
+// 1024, MLP 8192, the target's query heads and a dense head. Attention geometry,
+// RoPE, sliding window, vocabulary and token ids mirror the target; the layers are
+// (num_layers - 1) sliding then one full, all KV-shared. Validated as load() does.
+AssistantConfig assistant_config_for(const gemma4::Gemma4Config& target, int num_layers = 4);
 
 struct AssistantLayerWeights {
   Tensor input_layernorm, post_attention_layernorm;              // [Ha]
@@ -47,11 +62,13 @@ struct AssistantWeights {
   Tensor embed_tokens;     // [V, Ha] (tied head)
   Tensor norm;             // [Ha]
   Tensor centroids;        // [G, Ha]   centroid head only
-  Tensor token_ordering;   // i64 [V]   centroid head only
+  // i64|i32 [V], centroid head only: read on the host at load (AssistantDrafter
+  // keeps it as a host vector), then cleared so it is never placed on the device.
+  Tensor token_ordering;
   std::vector<AssistantLayerWeights> layers;
 };
 
-// Inputs and outputs of one draft step for B rows.
+// Inputs and outputs of one draft step for B rows, all on the drafter's device.
 struct DraftStepInputs {
   Tensor token_embeds;  // f32 [B, Hb]: the target's scaled embedding of each row's current token
   Tensor hidden;        // f32 [B, Hb]: target post-norm hidden (first step) or the last next_hidden
@@ -70,35 +87,52 @@ class AssistantDrafter {
   static std::unique_ptr<AssistantDrafter> load(const std::string& path,
                                                 const gemma4::Gemma4Config& target,
                                                 Backend& backend);
+  // A drafter of `config` (text finalized, e.g. from assistant_config_for) for
+  // `target` with seeded uniform bf16 weights on `backend` (see random_weights):
+  // for benchmarks of released shapes without a checkpoint. A centroid head gets a
+  // seeded permutation of the vocabulary as its token ordering. Geometry is
+  // checked as load() checks it.
+  static std::unique_ptr<AssistantDrafter> random(const AssistantConfig& config,
+                                                  const gemma4::Gemma4Config& target,
+                                                  Backend& backend, uint64_t seed,
+                                                  bool centroid_head);
   ~AssistantDrafter();
 
   const AssistantConfig& config() const { return config_; }
   bool centroid_head() const { return !weights_.centroids.empty(); }
+  Backend& backend() const { return *backend_; }
   // "centroid head (G centroids, top-k)" or "tied dense head", for load logs.
   std::string head_description() const;
 
-  // One draft step for B rows. Output views live in the drafter's scratch and
-  // stay valid until the next step.
+  // One draft step for B rows. Output views live in the drafter's device scratch
+  // and stay valid until the next step. Steps allocate nothing unless B exceeds
+  // every earlier step's (scratch grows, never shrinks).
   DraftStepOutputs step(const DraftStepInputs& in, DonorAttention& donors);
 
  private:
   AssistantDrafter() = default;
-  void centroid_logits(const Tensor& h, const Tensor& logits);
+  // Shared by load() and random() once the weights are on the device: host copies
+  // of the layer scalars, device RoPE tables, backend scratch and centroid staging.
+  void init_after_weights();
+  struct CentroidScratch;
+  void centroid_logits(const Tensor& h, const CentroidScratch& s, const Tensor& logits);
 
   AssistantConfig config_;
-  std::unique_ptr<io::Checkpoint> checkpoint_;
+  std::unique_ptr<io::Checkpoint> checkpoint_;  // null for random()
   AssistantWeights weights_;
-  std::vector<float> layer_scalars_;
-  std::vector<int32_t> ordering_;  // token_ordering as i32 [G · V/G]
+  DeviceBuffer weight_buffer_;  // device copies of the weights (empty for a checkpoint on the CPU)
+  std::vector<float> layer_scalars_;  // host copies of layers.*.layer_scalar
+  std::vector<int32_t> ordering_;     // token_ordering as i32 [G · V/G], on the host
   Backend* backend_ = nullptr;
-  HostTensor inv_freq_sliding_, inv_freq_full_;
-  Arena arena_;
-  // Centroid-head scratch, sized at load (steps allocate nothing).
-  HostTensor centroid_scores_;           // f32 [B_max, G], regrown if a step has more rows
-  HostTensor candidates_;                // i32 [K · V/G]
-  HostTensor candidate_rows_;            // f32 [K · V/G, Ha]
-  HostTensor candidate_scores_;          // f32 [1, K · V/G]
-  std::vector<int32_t> centroid_order_;  // [G]
+  DeviceBuffer inv_freq_buffer_;
+  Tensor inv_freq_sliding_, inv_freq_full_;  // f32 [Ds/2], [Df/2] on the device
+  Arena arena_;                              // device scratch of one step, sized by a dry run
+  // Centroid-head host staging, grown to the largest step (steps allocate nothing after).
+  std::vector<float> centroid_scores_host_;   // [B, G] downloaded centroid scores
+  std::vector<int32_t> candidates_host_;      // [B, K · V/G] candidate ids, uploaded
+  std::vector<float> candidate_scores_host_;  // [B, K · V/G] downloaded candidate scores
+  std::vector<float> logits_host_;            // [B, V] built here, uploaded (non-CPU devices)
+  std::vector<int32_t> centroid_order_;       // [G]
 };
 
 }  // namespace specula::assistant

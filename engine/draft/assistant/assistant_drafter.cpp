@@ -4,47 +4,119 @@
 #include <cstring>
 
 namespace specula::assistant {
+namespace {
+
+size_t aligned(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+}  // namespace
 
 AssistantDraftSource::AssistantDraftSource(gemma4::Gemma4Model& target, AssistantDrafter& drafter)
-    : target_(target), drafter_(drafter), donors_(target.backend(), target.config()) {}
+    : target_(target),
+      drafter_(drafter),
+      backend_(target.backend()),
+      donors_(target.backend(), target.config()) {
+  if (&drafter.backend() != &target.backend()) {
+    fail("assistant drafter on {} cannot draft for a target on {}: both must use one backend",
+         drafter.backend().device().str(), target.backend().device().str());
+  }
+}
 
 Tensor AssistantDraftSource::step(int step_index, std::span<const DraftRow> rows) {
+  Backend& be = backend_;
   const int64_t B = static_cast<int64_t>(rows.size());
   const int64_t Hb = drafter_.config().backbone_hidden_size;
-  if (ids_.view().empty() || ids_.numel() < B) {
-    ids_ = HostTensor(DType::kI32, {B});
-    positions_ = HostTensor(DType::kI32, {B});
-    embeds_ = HostTensor(DType::kF32, {B, Hb});
-    hidden_in_ = HostTensor(DType::kF32, {B, Hb});
+  SPECULA_CHECK(B > 0, "draft step {} has no rows", step_index);
+  const size_t ids_bytes = aligned(static_cast<size_t>(2 * B) * sizeof(int32_t));
+  const size_t rows_bytes = aligned(static_cast<size_t>(B * Hb) * sizeof(float));
+  if (B > input_rows_) {
+    inputs_ = DeviceBuffer(be, ids_bytes + 2 * rows_bytes);
+    input_rows_ = B;
   }
-  Tensor ids = ids_.view().slice_rows(0, B);
-  Tensor positions = positions_.view().slice_rows(0, B);
-  Tensor embeds = embeds_.view().slice_rows(0, B);
-  Tensor hidden = hidden_in_.view().slice_rows(0, B);
+  char* base = static_cast<char*>(inputs_.data());
+  const Tensor ids_positions(base, DType::kI32, {2, B}, be.device());
+  const Tensor embeds(base + ids_bytes, DType::kF32, {B, Hb}, be.device());
+  const Tensor gathered(base + ids_bytes + rows_bytes, DType::kF32, {B, Hb}, be.device());
+
+  // Ids and positions: staged on the host, one upload.
+  host_ids_.resize(static_cast<size_t>(2 * B));
   kvs_.clear();
   for (int64_t b = 0; b < B; ++b) {
     const DraftRow& r = rows[static_cast<size_t>(b)];
-    ids.data_as<int32_t>()[b] = r.token;
-    positions.data_as<int32_t>()[b] = r.position;
+    host_ids_[static_cast<size_t>(b)] = r.token;
+    host_ids_[static_cast<size_t>(B + b)] = r.position;
     kvs_.push_back(r.target_kv);
-    HostTensor& h = hidden_[r.request];
-    if (h.numel() != Hb) h = HostTensor(DType::kF32, {Hb});
-    if (step_index == 0) {
+  }
+  be.upload(host_ids_.data(), ids_positions);
+
+  Tensor hidden;
+  if (step_index == 0) {
+    // A new round: the chain restarts from the target's hiddens (host pointers).
+    if (chain_.size() < static_cast<size_t>(B * Hb) * sizeof(float)) {
+      chain_ = DeviceBuffer(be, static_cast<size_t>(B * Hb) * sizeof(float));
+    }
+    host_hidden_.resize(static_cast<size_t>(B * Hb));
+    chain_requests_.clear();
+    for (int64_t b = 0; b < B; ++b) {
+      const DraftRow& r = rows[static_cast<size_t>(b)];
       SPECULA_CHECK(r.target_hidden != nullptr,
                     "draft step 0 of request {} needs the target hidden", r.request);
-      std::memcpy(h.data<float>(), r.target_hidden, static_cast<size_t>(Hb) * sizeof(float));
+      std::memcpy(host_hidden_.data() + b * Hb, r.target_hidden,
+                  static_cast<size_t>(Hb) * sizeof(float));
+      chain_requests_.push_back(r.request);
     }
-    std::memcpy(hidden.data_as<float>() + b * Hb, h.data<float>(),
-                static_cast<size_t>(Hb) * sizeof(float));
+    slots_.resize(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) slots_[static_cast<size_t>(b)] = b;
+    hidden = chain_.view(DType::kF32, {B, Hb});
+    be.upload(host_hidden_.data(), hidden);
+  } else {
+    // Find each row's chain row (rows keep step 0's order, so the search walks forward).
+    slots_.resize(static_cast<size_t>(B));
+    size_t next = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      const int request = rows[static_cast<size_t>(b)].request;
+      while (next < chain_requests_.size() && chain_requests_[next] != request) ++next;
+      if (next == chain_requests_.size()) {
+        fail(
+            "draft step {}: request {} was not a row of step 0 of this round (rows must be a "
+            "subset of step 0's, in the same order)",
+            step_index, request);
+      }
+      slots_[static_cast<size_t>(b)] = static_cast<int64_t>(next++);
+    }
+    const Tensor chain =
+        chain_.view(DType::kF32, {static_cast<int64_t>(chain_requests_.size()), Hb});
+    if (slots_.back() == B - 1) {
+      // Rows are the chain's first B rows: read them in place.
+      hidden = chain.slice_rows(0, B);
+    } else {
+      // Gather runs of consecutive chain rows.
+      for (int64_t b = 0; b < B;) {
+        int64_t e = b + 1;
+        while (e < B && slots_[static_cast<size_t>(e)] == slots_[static_cast<size_t>(e - 1)] + 1)
+          ++e;
+        const int64_t s = slots_[static_cast<size_t>(b)];
+        be.copy(chain.slice_rows(s, s + (e - b)), gathered.slice_rows(b, e));
+        b = e;
+      }
+      hidden = gathered;
+    }
   }
-  target_.embed_scaled(ids, embeds);
+
+  target_.embed_scaled(ids_positions.row(0), embeds);
   donors_.bind(kvs_);
-  DraftStepOutputs out =
-      drafter_.step({.token_embeds = embeds, .hidden = hidden, .positions = positions}, donors_);
-  for (int64_t b = 0; b < B; ++b) {
-    std::memcpy(hidden_[rows[static_cast<size_t>(b)].request].data<float>(),
-                out.next_hidden.data_as<const float>() + b * Hb,
-                static_cast<size_t>(Hb) * sizeof(float));
+  DraftStepOutputs out = drafter_.step(
+      {.token_embeds = embeds, .hidden = hidden, .positions = ids_positions.row(1)}, donors_);
+
+  // Chain each row's next hidden back into its chain row, run by run.
+  const Tensor chain = chain_.view(DType::kF32, {static_cast<int64_t>(chain_requests_.size()), Hb});
+  for (int64_t b = 0; b < B;) {
+    int64_t e = b + 1;
+    while (e < B && slots_[static_cast<size_t>(e)] == slots_[static_cast<size_t>(e - 1)] + 1) ++e;
+    const int64_t s = slots_[static_cast<size_t>(b)];
+    be.copy(out.next_hidden.slice_rows(b, e), chain.slice_rows(s, s + (e - b)));
+    b = e;
   }
   return out.logits;
 }

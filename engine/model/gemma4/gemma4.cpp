@@ -80,8 +80,13 @@ struct Gemma4Model::RowPlan {
   // Per layer: the K/V attention reads (views) and the position of their row 0.
   std::vector<Tensor> attn_k, attn_v;
   std::vector<int64_t> attn_pos0;
-  // Per sliding layer: gathered window + new rows (arena views).
-  std::vector<Tensor> gather_k, gather_v;
+  std::vector<int64_t> attn_ring_keys;  // >= 0: attn_k/v are the ring itself (AttentionParams)
+  // Sliding layers of a long chunk (more new rows than the ring's rollback
+  // slack) attend to a gathered block: window + new rows (arena views), one
+  // block for the sliding donor (KV-shared layers read it later in the
+  // forward) and one reused by every other sliding layer.
+  bool gather = false;
+  Tensor donor_gather_k, donor_gather_v, gather_k, gather_v;
 };
 
 Gemma4Model::~Gemma4Model() = default;
@@ -246,8 +251,11 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
     p.attn_k.assign(static_cast<size_t>(L), Tensor());
     p.attn_v.assign(static_cast<size_t>(L), Tensor());
     p.attn_pos0.assign(static_cast<size_t>(L), 0);
-    p.gather_k.assign(static_cast<size_t>(L), Tensor());
-    p.gather_v.assign(static_cast<size_t>(L), Tensor());
+    p.attn_ring_keys.assign(static_cast<size_t>(L), -1);
+    // Short chunks (decode, verify windows) read the ring in place: after
+    // writing n rows it still holds the window of the oldest query when
+    // n <= max_rollback + 1.
+    p.gather = p.n > kv_spec_.max_rollback + 1;
     begin += rows[r].tokens.size();
   }
 
@@ -288,15 +296,19 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
     s.out_hidden = a.alloc(DType::kF32, {n_out, H});
     if (options.compute_logits) s.logits = a.alloc(DType::kF32, {n_out, c.vocab_size});
     for (RowPlan& p : plans_) {
-      for (int l = 0; l < L; ++l) {
-        const LayerSpec& ls = c.layers[static_cast<size_t>(l)];
-        if (ls.kv_shared || ls.type != LayerType::kSliding) continue;
-        const int64_t from = std::max<int64_t>(0, p.pos0 - c.sliding_window + 1);
-        const int64_t rows_needed = p.pos0 - from + p.n;
-        p.gather_k[static_cast<size_t>(l)] =
-            a.alloc(DType::kF32, {rows_needed, ls.n_kv_heads, ls.head_dim});
-        p.gather_v[static_cast<size_t>(l)] =
-            a.alloc(DType::kF32, {rows_needed, ls.n_kv_heads, ls.head_dim});
+      if (!p.gather) continue;
+      const int64_t from = std::max<int64_t>(0, p.pos0 - c.sliding_window + 1);
+      const int64_t rows_needed = p.pos0 - from + p.n;
+      int64_t width = 0;  // kv heads × head dim, widest sliding layer
+      for (const LayerSpec& ls : c.layers) {
+        if (!ls.kv_shared && ls.type == LayerType::kSliding)
+          width = std::max<int64_t>(width, int64_t{ls.n_kv_heads} * ls.head_dim);
+      }
+      p.gather_k = a.alloc(DType::kF32, {rows_needed * width});
+      p.gather_v = a.alloc(DType::kF32, {rows_needed * width});
+      if (c.sliding_donor >= 0 && c.first_shared_layer < L) {
+        p.donor_gather_k = a.alloc(DType::kF32, {rows_needed * width});
+        p.donor_gather_v = a.alloc(DType::kF32, {rows_needed * width});
       }
     }
   };
@@ -358,12 +370,24 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
     auto keep = [&](int donor, std::optional<ForwardOutput::DonorKv>* dst) {
       if (donor < 0) return;
       const RowPlan& p = plans_[0];
+      const size_t di = static_cast<size_t>(donor);
       ForwardOutput::DonorKv d;
-      d.k = HostTensor(DType::kF32, p.attn_k[static_cast<size_t>(donor)].shape());
-      d.v = HostTensor(DType::kF32, p.attn_v[static_cast<size_t>(donor)].shape());
-      be.download(p.attn_k[static_cast<size_t>(donor)], d.k.view().data());
-      be.download(p.attn_v[static_cast<size_t>(donor)], d.v.view().data());
-      d.pos0 = p.attn_pos0[static_cast<size_t>(donor)];
+      d.pos0 = p.attn_pos0[di];
+      Tensor k = p.attn_k[di], v = p.attn_v[di];
+      DeviceBuffer k_buf, v_buf;  // ring layers: unrolled into temporary buffers (not a hot path)
+      if (p.attn_ring_keys[di] >= 0) {
+        const Shape shape{p.attn_ring_keys[di], k.dim(1), k.dim(2)};
+        const size_t bytes = static_cast<size_t>(shape.numel()) * sizeof(float) + 1;
+        k_buf = DeviceBuffer(be, bytes);
+        v_buf = DeviceBuffer(be, bytes);
+        k = k_buf.view(DType::kF32, shape);
+        v = v_buf.view(DType::kF32, shape);
+        rows[0].kv->read_ring(donor, d.pos0, d.pos0 + shape[0], k, v);
+      }
+      d.k = HostTensor(DType::kF32, k.shape());
+      d.v = HostTensor(DType::kF32, v.shape());
+      be.download(k, d.k.view().data());
+      be.download(v, d.v.view().data());
       *dst = std::move(d);
     };
     keep(c.sliding_donor, &output_.sliding_donor);
@@ -420,14 +444,14 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
 
   // 1. Attention block (§4 step 1, §4.2).
   be.rms_norm(s.h, w.input_layernorm, eps, s.xn);
-  Tensor q = Tensor(s.q.data(), DType::kF32, {M, Nh * D});
+  Tensor q = Tensor(s.q.data(), DType::kF32, {M, Nh * D}, s.q.device());
   be.linear(s.xn, w.q_proj, q);
   be.rms_norm(q.reshape({M * Nh, D}), w.q_norm, eps, q.reshape({M * Nh, D}));
   be.rope(q.reshape({M, Nh, D}), s.positions, inv_freq);
 
   if (!spec.kv_shared) {
-    Tensor k = Tensor(s.k.data(), DType::kF32, {M, KV * D});
-    Tensor v = Tensor(s.v.data(), DType::kF32, {M, KV * D});
+    Tensor k = Tensor(s.k.data(), DType::kF32, {M, KV * D}, s.k.device());
+    Tensor v = Tensor(s.v.data(), DType::kF32, {M, KV * D}, s.v.device());
     be.linear(s.xn, w.k_proj, k);
     if (spec.k_eq_v) {
       be.copy(k, v);  // V derives from the raw K projection (attention_k_eq_v)
@@ -443,18 +467,33 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
       Tensor k_new = k.slice_rows(p.begin, p.begin + p.n).reshape({p.n, KV, D});
       Tensor v_new = v.slice_rows(p.begin, p.begin + p.n).reshape({p.n, KV, D});
       if (sliding) {
-        // Window rows from the ring, then the new rows, in one contiguous block.
         const int64_t from = std::max<int64_t>(0, p.pos0 - c.sliding_window + 1);
-        Tensor gk = p.gather_k[li];
-        Tensor gv = p.gather_v[li];
         const int64_t old = p.pos0 - from;
-        if (old > 0) kv.read_ring(l, from, p.pos0, gk.slice_rows(0, old), gv.slice_rows(0, old));
-        be.copy(k_new, gk.slice_rows(old, old + p.n));
-        be.copy(v_new, gv.slice_rows(old, old + p.n));
-        kv.write_ring(l, p.pos0, k_new, v_new);
-        p.attn_k[li] = gk;
-        p.attn_v[li] = gv;
         p.attn_pos0[li] = from;
+        if (!p.gather) {
+          // Write the new rows, then attend to the ring in place.
+          kv.write_ring(l, p.pos0, k_new, v_new);
+          p.attn_k[li] = kv.ring_storage_k(l);
+          p.attn_v[li] = kv.ring_storage_v(l);
+          p.attn_ring_keys[li] = old + p.n;
+        } else {
+          // Window rows from the ring, then the new rows, in one contiguous block.
+          const bool donor = l == c.sliding_donor && c.first_shared_layer < c.num_hidden_layers;
+          const Shape shape{old + p.n, KV, D};
+          Tensor gk = (donor ? p.donor_gather_k : p.gather_k)
+                          .slice_rows(0, shape.numel())
+                          .reshape(shape);
+          Tensor gv = (donor ? p.donor_gather_v : p.gather_v)
+                          .slice_rows(0, shape.numel())
+                          .reshape(shape);
+          if (old > 0)
+            kv.read_ring(l, from, p.pos0, gk.slice_rows(0, old), gv.slice_rows(0, old));
+          be.copy(k_new, gk.slice_rows(old, old + p.n));
+          be.copy(v_new, gv.slice_rows(old, old + p.n));
+          kv.write_ring(l, p.pos0, k_new, v_new);
+          p.attn_k[li] = gk;
+          p.attn_v[li] = gv;
+        }
       } else {
         kv.write_full(l, p.pos0, k_new, v_new);
         p.attn_k[li] = kv.full_keys(l, p.pos0 + p.n);
@@ -468,10 +507,11 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
       p.attn_k[li] = p.attn_k[donor];
       p.attn_v[li] = p.attn_v[donor];
       p.attn_pos0[li] = p.attn_pos0[donor];
+      p.attn_ring_keys[li] = p.attn_ring_keys[donor];
     }
   }
 
-  Tensor attn = Tensor(s.attn.data(), DType::kF32, {M, Nh * D});
+  Tensor attn = Tensor(s.attn.data(), DType::kF32, {M, Nh * D}, s.attn.device());
   for (const RowPlan& p : plans) {
     AttentionParams ap;
     ap.q = q.slice_rows(p.begin, p.begin + p.n).reshape({p.n, Nh, D});
@@ -480,6 +520,7 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
     ap.out = attn.slice_rows(p.begin, p.begin + p.n).reshape({p.n, Nh, D});
     ap.q_positions = s.positions.slice_rows(p.begin, p.begin + p.n);
     ap.k_pos0 = p.attn_pos0[li];
+    ap.ring_keys = p.attn_ring_keys[li];
     ap.causal = true;
     ap.window = sliding ? c.sliding_window : 0;
     ap.scale = 1.0f;  // Gemma 4 normalises q and k instead of scaling (§2.5)
@@ -491,8 +532,8 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
 
   // 2-4. Feed-forward: dense MLP, plus the routed experts on MoE layers (§4, §6).
   const int64_t I = spec.intermediate_size;
-  Tensor gate = Tensor(s.gate.data(), DType::kF32, {M, I});
-  Tensor up = Tensor(s.up.data(), DType::kF32, {M, I});
+  Tensor gate = Tensor(s.gate.data(), DType::kF32, {M, I}, s.gate.device());
+  Tensor up = Tensor(s.up.data(), DType::kF32, {M, I}, s.up.device());
   be.rms_norm(s.h, w.pre_feedforward_layernorm, eps, s.xn);
   be.linear(s.xn, w.gate_proj, gate);
   be.linear(s.xn, w.up_proj, up);

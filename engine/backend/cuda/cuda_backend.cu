@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: Apache-2.0
+// CudaBackend construction, device memory, transfers, copies and shared checks.
+#include <algorithm>
+#include <cstring>
+#include <memory>
+
+#include "engine/backend/backends.h"
+#include "engine/backend/cuda/cuda_backend.h"
+
+namespace specula {
+namespace cuda {
+
+void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    fail("cuda: {} failed: {} ({})", what, cudaGetErrorString(status), cudaGetErrorName(status));
+  }
+}
+
+void check_cublas(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    fail("cublasLt: {} failed with status {}", what, static_cast<int>(status));
+  }
+}
+
+CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
+  int count = 0;
+  cudaError_t st = cudaGetDeviceCount(&count);
+  if (st != cudaSuccess || count == 0) {
+    fail("cuda:{}: no CUDA device is usable ({})", device_index,
+         st == cudaSuccess ? "no devices" : cudaGetErrorString(st));
+  }
+  if (device_index < 0 || device_index >= count) {
+    fail("cuda:{}: no such device ({} CUDA device(s) present)", device_index, count);
+  }
+  check_cuda(cudaSetDevice(device_index), "cudaSetDevice");
+  check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  check_cublas(cublasLtCreate(&lt_), "cublasLtCreate");
+}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(device_index_);
+  if (stream_) cudaStreamSynchronize(stream_);
+  for (Scratch* s : {&lt_workspace_, &x_bf16_, &w_bf16_, &attn_partials_, &moe_scratch_}) {
+    if (s->data) cudaFree(s->data);
+  }
+  if (lt_) cublasLtDestroy(lt_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void* CudaBackend::allocate(size_t bytes) {
+  check_cuda(cudaSetDevice(device_index_), "cudaSetDevice");
+  void* p = nullptr;
+  cudaError_t st = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+  if (st != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error state of a failed allocation
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    fail("cuda:{}: out of device memory allocating {:.2f} GiB ({:.2f} GiB free of {:.2f})",
+         device_index_, bytes / 1073741824.0, free_bytes / 1073741824.0, total / 1073741824.0);
+  }
+  ++allocations_;
+  return p;
+}
+
+void CudaBackend::release(void* p) noexcept {
+  if (p) cudaFree(p);
+}
+
+void* CudaBackend::scratch(Scratch& s, size_t bytes) {
+  std::lock_guard<std::mutex> lock(scratch_mutex_);
+  if (bytes > s.size) {
+    // Grow with headroom; the old buffer may still be read by queued work.
+    check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    if (s.data) cudaFree(s.data);
+    s.data = nullptr;
+    s.size = 0;
+    const size_t want = bytes + bytes / 4;
+    s.data = allocate(want);
+    s.size = want;
+  }
+  return s.data;
+}
+
+void CudaBackend::reserve_scratch(int64_t max_keys, int64_t max_width) {
+  reserved_keys_ = std::max(reserved_keys_, max_keys);
+  scratch(lt_workspace_, size_t{32} << 20);
+}
+
+void CudaBackend::upload(const void* host, const Tensor& dst) {
+  check_on(*this, "upload", "dst", dst);
+  if (dst.nbytes() == 0) return;
+  check_cuda(cudaMemcpyAsync(dst.data(), host, dst.nbytes(), cudaMemcpyHostToDevice, stream_),
+             "upload (cudaMemcpyAsync)");
+  check_cuda(cudaStreamSynchronize(stream_), "upload (synchronize)");
+}
+
+void CudaBackend::download(const Tensor& src, void* host) {
+  check_on(*this, "download", "src", src);
+  if (src.nbytes() == 0) return;
+  check_cuda(cudaMemcpyAsync(host, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, stream_),
+             "download (cudaMemcpyAsync)");
+  check_cuda(cudaStreamSynchronize(stream_), "download (synchronize)");
+}
+
+void CudaBackend::synchronize() {
+  check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+}
+
+void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
+  check_on(*this, "copy", "src", src);
+  check_on(*this, "copy", "dst", dst);
+  if (src.dtype() != dst.dtype() || src.numel() != dst.numel()) {
+    fail("copy: src {} and dst {} must have the same dtype and element count", src.describe(),
+         dst.describe());
+  }
+  if (src.nbytes() == 0 || src.data() == dst.data()) return;
+  check_cuda(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice,
+                             stream_),
+             "copy (cudaMemcpyAsync)");
+}
+
+void check_on(const CudaBackend& be, const char* op, const char* name, const Tensor& t) {
+  if (t.device() != be.device()) {
+    fail("{}: {} {} is on {}, but this backend runs on {}", op, name, t.describe(),
+         t.device().str(), be.device().str());
+  }
+  if (t.data() == nullptr && t.numel() != 0) {
+    fail("{}: {} {} has no memory behind it (empty view)", op, name, t.describe());
+  }
+}
+
+void check_dtype(const char* op, const char* name, const Tensor& t, DType dtype) {
+  if (t.dtype() != dtype) fail("{}: {} must be {}, got {}", op, name, dtype_name(dtype), t.describe());
+}
+
+void check_float(const char* op, const char* name, const Tensor& t) {
+  const DType d = t.dtype();
+  if (d != DType::kF32 && d != DType::kBF16 && d != DType::kF16) {
+    fail("{}: {} must be f32, bf16 or f16, got {}", op, name, t.describe());
+  }
+}
+
+void check_rank(const char* op, const char* name, const Tensor& t, int rank) {
+  if (t.rank() != rank) fail("{}: {} must have rank {}, got {}", op, name, rank, t.describe());
+}
+
+void check_same_shape(const char* op, const char* a_name, const Tensor& a, const char* b_name,
+                      const Tensor& b) {
+  if (a.shape() != b.shape()) {
+    fail("{}: {} {} and {} {} must have the same shape", op, a_name, a.describe(), b_name,
+         b.describe());
+  }
+}
+
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(int device_index) {
+  return std::make_unique<cuda::CudaBackend>(device_index);
+}
+
+bool cuda_available() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+}  // namespace specula

@@ -1,0 +1,124 @@
+// SPDX-License-Identifier: Apache-2.0
+// CudaBackend: every op of engine/ops/backend.h on one NVIDIA GPU (Hopper,
+// sm_90a), exact to the CPU reference within the tolerance table of
+// tests/cuda/README.md. Internal to engine/backend/cuda: the rest of the engine
+// reaches it through make_cuda_backend() and the Backend interface.
+//
+// Numerics: activations f32, weights f32|bf16|f16, f32 accumulation.
+// Batch invariance (what lossless speculation needs): for products with at most
+// kInvariantRows rows and for attention, a row's result depends only on its own
+// inputs: the reduction order is fixed by the kernel, never by M or by a
+// heuristic. Larger products (prefill) go through cuBLASLt on bf16 copies of the
+// activations.
+//
+// Streams: every op is queued on one stream (stream()); upload/download
+// synchronise it. Ops never allocate: scratch comes from reserve_scratch() and
+// from buffers grown only when a call is larger than any before.
+#pragma once
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <mutex>
+
+#include "engine/ops/backend.h"
+
+namespace specula::cuda {
+
+// Throws an Error naming the call and CUDA's message when `status` is an error.
+void check_cuda(cudaError_t status, const char* what);
+void check_cublas(cublasStatus_t status, const char* what);
+
+// Rows at or below which linear() uses the batch-invariant kernel.
+inline constexpr int64_t kInvariantRows = 256;
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device_index);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  Device device() const override { return Device::cuda(device_index_); }
+  const char* name() const override { return "cuda"; }
+
+  // ---- memory (cuda_backend.cu) ----
+  void* allocate(size_t bytes) override;
+  void release(void* p) noexcept override;
+  int64_t allocation_count() const override { return allocations_.load(); }
+  void upload(const void* host, const Tensor& dst) override;
+  void download(const Tensor& src, void* host) override;
+  void synchronize() override;
+  void copy(const Tensor& src, const Tensor& dst) override;
+  void reserve_scratch(int64_t max_keys, int64_t max_width) override;
+
+  // ---- products (cuda_linear.cu) ----
+  void linear(const Tensor& x, const Tensor& w, const Tensor& y) override;
+  void embedding(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override;
+
+  // ---- attention (cuda_attention.cu) ----
+  void attention(const AttentionParams& p) override;
+
+  // ---- elementwise and reductions (cuda_elementwise.cu) ----
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override;
+  void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
+  void gelu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override;
+  void gelu(const Tensor& x, const Tensor& out) override;
+  void add(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void mul(const Tensor& a, const Tensor& b, const Tensor& out) override;
+  void scale(const Tensor& x, float s, const Tensor& out) override;
+  void softcap(const Tensor& x, float cap, const Tensor& out) override;
+  void argmax_rows(const Tensor& x, const Tensor& out) override;
+  void softmax_rows(const Tensor& x, const Tensor& out) override;
+  void transpose01(const Tensor& x, const Tensor& out) override;
+  void fill_uniform(const Tensor& t, uint64_t seed, float lo, float hi) override;
+
+  // ---- mixture of experts (cuda_moe.cu) ----
+  void moe_route(const MoeRouteParams& p) override;
+  void moe_experts(const MoeExpertsParams& p) override;
+
+  cudaStream_t stream() const { return stream_; }
+  int device_index() const { return device_index_; }
+
+  // Growable device scratch owned by the backend (for cuBLASLt workspace, bf16
+  // activation copies, attention partials). grow() allocates only when `bytes`
+  // exceeds every earlier request, so steady-state steps allocate nothing.
+  struct Scratch {
+    void* data = nullptr;
+    size_t size = 0;
+  };
+  void* scratch(Scratch& s, size_t bytes);
+
+  // Members the op files share.
+  cublasLtHandle_t lt_handle() const { return lt_; }
+  Scratch lt_workspace_;    // cuBLASLt workspace
+  Scratch x_bf16_;          // bf16 copy of linear() activations for cuBLASLt
+  Scratch w_bf16_;          // bf16 copy of non-bf16 weights for cuBLASLt (rare: f32 goldens)
+  Scratch attn_partials_;   // split-sequence attention partial results
+  Scratch moe_scratch_;     // grouped-expert bookkeeping
+  int64_t reserved_keys_ = 0;
+
+ private:
+  int device_index_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  std::atomic<int64_t> allocations_{0};
+  std::mutex scratch_mutex_;
+};
+
+// Shape/dtype/device checks shared by the op files; each throws an Error that
+// names the op and the tensor (same wording as the CPU backend's).
+void check_on(const CudaBackend& be, const char* op, const char* name, const Tensor& t);
+void check_dtype(const char* op, const char* name, const Tensor& t, DType dtype);
+void check_float(const char* op, const char* name, const Tensor& t);
+void check_rank(const char* op, const char* name, const Tensor& t, int rank);
+void check_same_shape(const char* op, const char* a_name, const Tensor& a, const char* b_name,
+                      const Tensor& b);
+
+// Launch geometry helper: blocks of `threads` covering n items (at least 1).
+inline unsigned blocks_for(int64_t n, int threads) {
+  return static_cast<unsigned>(n <= 0 ? 1 : (n + threads - 1) / threads);
+}
+
+}  // namespace specula::cuda

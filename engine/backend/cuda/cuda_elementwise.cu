@@ -1,0 +1,645 @@
+// SPDX-License-Identifier: Apache-2.0
+// Row-wise and element-wise ops on the GPU: rms_norm, rope, activations,
+// arithmetic, soft-capping, argmax, softmax, transpose01 and fill_uniform.
+//
+// Numerics follow the CPU reference (engine/backend/cpu/cpu_elementwise.cpp)
+// operation for operation. Products and sums that the CPU writes as separate
+// f32 operations use the __f*_rn intrinsics, which nvcc never contracts into an
+// FMA, so those ops round exactly as the CPU does; only the libm functions
+// (tanhf, sincosf) may differ by an ulp or two. Sums the CPU keeps in double
+// are kept in double here, so the order of the sum does not show in the f32
+// result. Row kernels give each row a fixed group of threads (chosen from the
+// row length alone), so a row's result never depends on how many rows a call has.
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "engine/backend/cuda/cuda_backend.h"
+#include "engine/ops/uniform_hash.h"
+
+namespace specula::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+// Grid-stride kernels never launch more blocks than this; each thread loops.
+constexpr unsigned kMaxBlocks = 65535;
+
+unsigned grid_for(int64_t n, int threads) {
+  const unsigned b = blocks_for(n, threads);
+  return b < kMaxBlocks ? b : kMaxBlocks;
+}
+
+// ---- Host-side argument checks (same wording as the CPU backend's). ----
+
+bool bytes_overlap(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* a0 = static_cast<const char*>(a.data());
+  const auto* b0 = static_cast<const char*>(b.data());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+// `out` must not share any byte with `in`.
+void require_no_overlap(const char* op, const char* out_name, const Tensor& out,
+                        const char* in_name, const Tensor& in) {
+  if (bytes_overlap(out, in)) {
+    fail("{}: output {} {} overlaps input {} {}; this op needs a separate output buffer", op,
+         out_name, out.describe(), in_name, in.describe());
+  }
+}
+
+// `out` may be `in` itself but must not partially overlap it.
+void require_same_or_disjoint(const char* op, const char* out_name, const Tensor& out,
+                              const char* in_name, const Tensor& in) {
+  if (out.data() != in.data() && bytes_overlap(out, in)) {
+    fail("{}: output {} {} partially overlaps input {} {}; it may only be the same buffer", op,
+         out_name, out.describe(), in_name, in.describe());
+  }
+}
+
+// An element-wise op whose f32 output may be exactly its f32 input.
+void check_unary(const CudaBackend& be, const char* op, const Tensor& x, const Tensor& out) {
+  check_on(be, op, "x", x);
+  check_on(be, op, "out", out);
+  check_dtype(op, "x", x, DType::kF32);
+  check_dtype(op, "out", out, DType::kF32);
+  check_same_shape(op, "x", x, "out", out);
+  require_same_or_disjoint(op, "out", out, "x", x);
+}
+
+void check_binary(const CudaBackend& be, const char* op, const char* a_name, const Tensor& a,
+                  const char* b_name, const Tensor& b, const Tensor& out) {
+  check_on(be, op, a_name, a);
+  check_on(be, op, b_name, b);
+  check_on(be, op, "out", out);
+  check_dtype(op, a_name, a, DType::kF32);
+  check_dtype(op, b_name, b, DType::kF32);
+  check_dtype(op, "out", out, DType::kF32);
+  check_same_shape(op, a_name, a, b_name, b);
+  check_same_shape(op, a_name, a, "out", out);
+  require_same_or_disjoint(op, "out", out, a_name, a);
+  require_same_or_disjoint(op, "out", out, b_name, b);
+}
+
+// Calls f(std::integral_constant<DType, d>{}) for the float dtype d of a tensor
+// already checked with check_float, so kernels are instantiated per dtype.
+template <typename F>
+void with_float_dtype(DType d, F&& f) {
+  switch (d) {
+    case DType::kF32:
+      f(std::integral_constant<DType, DType::kF32>{});
+      break;
+    case DType::kBF16:
+      f(std::integral_constant<DType, DType::kBF16>{});
+      break;
+    default:
+      f(std::integral_constant<DType, DType::kF16>{});
+      break;
+  }
+}
+
+// ---- Device helpers. ----
+
+// Element i of an f32|bf16|f16 array, exactly widened to f32.
+template <DType kDt>
+__device__ __forceinline__ float load_float(const void* p, int64_t i) {
+  if constexpr (kDt == DType::kF32) {
+    return static_cast<const float*>(p)[i];
+  } else if constexpr (kDt == DType::kBF16) {
+    return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16);
+  } else {
+    return __half2float(__ushort_as_half(static_cast<const unsigned short*>(p)[i]));
+  }
+}
+
+// cpu::gelu_tanh operation for operation (gelu_pytorch_tanh in f32).
+__device__ __forceinline__ float gelu_tanh(float x) {
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kKappa = 0.044715f;
+  const float cube = __fmul_rn(__fmul_rn(__fmul_rn(kKappa, x), x), x);
+  const float inner = __fmul_rn(kBeta, __fadd_rn(x, cube));
+  return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
+}
+
+// exp in f32 as an accurate double exp rounded once: the closest match to the
+// CPU's (nearly correctly rounded) glibc expf; CUDA's expf may be 2 ulp off.
+__device__ __forceinline__ float exp_f32(float x) {
+  return static_cast<float>(exp(static_cast<double>(x)));
+}
+
+// f32_to_bf16 of engine/core/dtype.h: round to nearest even, NaN -> 0x7fc0.
+__device__ __forceinline__ uint16_t bf16_bits(float f) {
+  uint32_t bits = __float_as_uint(f);
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu)) return 0x7fc0;
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// f32_to_f16 of engine/core/dtype.cpp, the same integer steps (round to nearest
+// even, subnormals, overflow to inf, NaN keeps its sign and becomes quiet).
+__device__ __forceinline__ uint16_t f16_bits(float f) {
+  const uint32_t bits = __float_as_uint(f);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const int exponent = static_cast<int>((bits >> 23) & 0xff) - 127 + 15;
+  uint32_t mantissa = bits & 0x7fffffu;
+  if (((bits >> 23) & 0xff) == 0xff) {
+    return static_cast<uint16_t>(sign | 0x7c00u | (mantissa ? 0x200u : 0u));
+  }
+  if (exponent >= 31) return static_cast<uint16_t>(sign | 0x7c00u);
+  if (exponent <= 0) {
+    if (exponent < -10) return static_cast<uint16_t>(sign);
+    mantissa |= 0x800000u;
+    const int shift = 14 - exponent;
+    uint32_t half = mantissa >> shift;
+    const uint32_t rem = mantissa & ((1u << shift) - 1);
+    const uint32_t mid = 1u << (shift - 1);
+    if (rem > mid || (rem == mid && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = sign | (static_cast<uint32_t>(exponent) << 10) | (mantissa >> 13);
+  const uint32_t rem = mantissa & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
+  return static_cast<uint16_t>(half);
+}
+
+__device__ __forceinline__ double warp_sum(double v) {
+  // Butterfly: every lane ends with the same value (IEEE addition commutes).
+  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  return v;
+}
+
+// Sum over the whole block (blockDim.x == kThreads) in a fixed order: warp
+// butterflies, then every thread adds the warp partials in warp order. All
+// threads must call it; `partials` is kThreads / 32 doubles of shared memory.
+__device__ __forceinline__ double block_sum(double v, double* partials) {
+  v = warp_sum(v);
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) partials[warp] = v;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < kThreads / 32; ++w) total += partials[w];
+  __syncthreads();  // partials may be reused by the caller's next reduction
+  return total;
+}
+
+// Largest value, ignoring NaN, as the CPU's std::max(m, v) (which keeps m when
+// v is NaN). Starting from -inf, a NaN never becomes the running maximum.
+__device__ __forceinline__ float max_keep(float m, float v) {
+  return m < v ? v : m;
+}
+
+__device__ __forceinline__ float block_max(float v, float* partials) {
+  for (int m = 16; m > 0; m >>= 1) v = max_keep(v, __shfl_xor_sync(0xffffffffu, v, m));
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) partials[warp] = v;
+  __syncthreads();
+  float total = -std::numeric_limits<float>::infinity();
+  for (int w = 0; w < kThreads / 32; ++w) total = max_keep(total, partials[w]);
+  __syncthreads();
+  return total;
+}
+
+// ---- rms_norm ----
+
+// kGroup threads (32: one warp, or kThreads: the block) normalise one row of d
+// floats; the sum of squares is in double, like the CPU's, and rounded once.
+// Row r is handled by the same kGroup-thread pattern whatever `rows` is.
+template <DType kDt, int kGroup>
+__global__ void __launch_bounds__(kThreads)
+    rms_norm_kernel(const float* x, const void* weight, float eps, float* out, int64_t rows,
+                    int64_t d) {
+  constexpr int kRowsPerBlock = kThreads / kGroup;
+  __shared__ double partials[kThreads / 32];
+  const int lane = threadIdx.x % kGroup;
+  const int group = threadIdx.x / kGroup;
+  // The loop bound depends only on blockIdx, so block-wide barriers inside are uniform.
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; base < rows;
+       base += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const int64_t r = base + group;
+    const bool active = r < rows;
+    const float* xr = x + (active ? r : 0) * d;
+    double sum = 0.0;
+    if (active) {
+      for (int64_t j = lane; j < d; j += kGroup) {
+        const double v = xr[j];
+        sum += v * v;
+      }
+    }
+    if constexpr (kGroup == 32) {
+      sum = warp_sum(sum);
+    } else {
+      sum = block_sum(sum, partials);
+    }
+    if (!active) continue;
+    const float mean = static_cast<float>(sum / static_cast<double>(d));
+    // (mean + eps)^-1/2 rounded once from double, as close as f32 gets to the
+    // CPU's powf(mean + eps, -0.5f).
+    const float inv = static_cast<float>(1.0 / sqrt(static_cast<double>(__fadd_rn(mean, eps))));
+    float* orow = out + r * d;
+    // Every element is read (above) and written (here) by the same thread, after
+    // the reduction, so out may be x itself.
+    for (int64_t c = lane; c < d; c += kGroup) {
+      const float v = __fmul_rn(xr[c], inv);
+      orow[c] = weight != nullptr ? __fmul_rn(v, load_float<kDt>(weight, c)) : v;
+    }
+  }
+}
+
+// ---- rope ----
+
+// One thread per (row, head, pair j): rotates (j, j + half) in place by
+// float(position) * inv_freq[j], in f32 as the CPU (and HF) do.
+__global__ void rope_kernel(float* x, const int32_t* positions, const float* inv_freq,
+                            int64_t heads, int64_t half, int64_t total) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = i % half;
+    const int64_t row_head = i / half;  // m * heads + h
+    const int64_t m = row_head / heads;
+    const float angle = __fmul_rn(static_cast<float>(positions[m]), inv_freq[j]);
+    float s, c;
+    sincosf(angle, &s, &c);
+    float* row = x + row_head * 2 * half;
+    const float x1 = row[j];
+    const float x2 = row[j + half];
+    row[j] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
+    row[j + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+  }
+}
+
+// ---- element-wise maps ----
+// Pointers are not __restrict__: out may be an input.
+
+template <typename Op>
+__global__ void map_unary_kernel(const float* x, float* out, int64_t n, Op op) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = op(x[i]);
+  }
+}
+
+template <typename Op>
+__global__ void map_binary_kernel(const float* a, const float* b, float* out, int64_t n, Op op) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = op(a[i], b[i]);
+  }
+}
+
+struct GeluOp {
+  __device__ float operator()(float v) const { return gelu_tanh(v); }
+};
+struct GeluMulOp {
+  __device__ float operator()(float g, float u) const { return __fmul_rn(gelu_tanh(g), u); }
+};
+struct AddOp {
+  __device__ float operator()(float u, float v) const { return __fadd_rn(u, v); }
+};
+struct MulOp {
+  __device__ float operator()(float u, float v) const { return __fmul_rn(u, v); }
+};
+struct ScaleOp {
+  float s;
+  __device__ float operator()(float v) const { return __fmul_rn(v, s); }
+};
+struct SoftcapOp {
+  float cap;
+  // Same order as HF and the CPU: divide, tanh, multiply.
+  __device__ float operator()(float v) const { return __fmul_rn(tanhf(__fdiv_rn(v, cap)), cap); }
+};
+
+template <typename Op>
+void launch_unary(cudaStream_t stream, const Tensor& x, const Tensor& out, Op op,
+                  const char* what) {
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  map_unary_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x.data_as<const float>(),
+                                                                   out.data_as<float>(), n, op);
+  check_cuda(cudaGetLastError(), what);
+}
+
+template <typename Op>
+void launch_binary(cudaStream_t stream, const Tensor& a, const Tensor& b, const Tensor& out, Op op,
+                   const char* what) {
+  const int64_t n = a.numel();
+  if (n == 0) return;
+  map_binary_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      a.data_as<const float>(), b.data_as<const float>(), out.data_as<float>(), n, op);
+  check_cuda(cudaGetLastError(), what);
+}
+
+// ---- argmax_rows ----
+
+// Running best of a row: largest value with the lowest index on ties (NaN is
+// tracked separately). idx == n means "nothing yet" and loses every tie.
+struct ArgBest {
+  float value;
+  int64_t idx;
+};
+
+__device__ __forceinline__ ArgBest better(ArgBest a, ArgBest b) {
+  if (b.value > a.value || (b.value == a.value && b.idx < a.idx)) return b;
+  return a;
+}
+
+// One block per row. The CPU scans left to right, stops at the first NaN and
+// otherwise keeps the first strict maximum; equivalently: the first NaN if the
+// row has one, else the lowest index holding the maximum.
+__global__ void __launch_bounds__(kThreads)
+    argmax_rows_kernel(const float* x, int32_t* out, int64_t rows, int64_t n) {
+  __shared__ float part_value[kThreads / 32];
+  __shared__ int64_t part_idx[kThreads / 32];
+  __shared__ int64_t part_nan[kThreads / 32];
+  const int warp = threadIdx.x / 32;
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* row = x + r * n;
+    ArgBest best{-std::numeric_limits<float>::infinity(), n};
+    int64_t first_nan = n;
+    for (int64_t j = threadIdx.x; j < n; j += kThreads) {
+      const float v = row[j];
+      if (isnan(v)) {
+        if (j < first_nan) first_nan = j;
+      } else {
+        best = better(best, ArgBest{v, j});
+      }
+    }
+    for (int m = 16; m > 0; m >>= 1) {
+      const ArgBest other{__shfl_xor_sync(0xffffffffu, best.value, m),
+                          __shfl_xor_sync(0xffffffffu, best.idx, m)};
+      best = better(best, other);
+      const int64_t other_nan = __shfl_xor_sync(0xffffffffu, first_nan, m);
+      if (other_nan < first_nan) first_nan = other_nan;
+    }
+    if (threadIdx.x % 32 == 0) {
+      part_value[warp] = best.value;
+      part_idx[warp] = best.idx;
+      part_nan[warp] = first_nan;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      ArgBest total{part_value[0], part_idx[0]};
+      int64_t nan_idx = part_nan[0];
+      for (int w = 1; w < kThreads / 32; ++w) {
+        total = better(total, ArgBest{part_value[w], part_idx[w]});
+        if (part_nan[w] < nan_idx) nan_idx = part_nan[w];
+      }
+      out[r] = static_cast<int32_t>(nan_idx < n ? nan_idx : total.idx);
+    }
+    __syncthreads();
+  }
+}
+
+// ---- softmax_rows ----
+
+// One block per row: max (ignoring NaN, as std::max), e = exp(x - max) in f32
+// written to out, the sum of the f32 e in double, then out /= float(sum). A row
+// whose max is -inf (all -inf, or NaN and -inf only) becomes zeros, as on the CPU.
+__global__ void __launch_bounds__(kThreads)
+    softmax_rows_kernel(const float* x, float* out, int64_t rows, int64_t n) {
+  __shared__ float max_partials[kThreads / 32];
+  __shared__ double sum_partials[kThreads / 32];
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const float* xr = x + r * n;
+    float* orow = out + r * n;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = threadIdx.x; j < n; j += kThreads) m = max_keep(m, xr[j]);
+    m = block_max(m, max_partials);
+    if (m == -std::numeric_limits<float>::infinity()) {
+      for (int64_t j = threadIdx.x; j < n; j += kThreads) orow[j] = 0.0f;
+      continue;  // uniform: every thread saw the same m
+    }
+    // Each element is read, then written, by one thread: out may be x.
+    double sum = 0.0;
+    for (int64_t j = threadIdx.x; j < n; j += kThreads) {
+      const float e = exp_f32(__fsub_rn(xr[j], m));
+      orow[j] = e;
+      sum += e;
+    }
+    const auto denom = static_cast<float>(block_sum(sum, sum_partials));
+    for (int64_t j = threadIdx.x; j < n; j += kThreads) orow[j] = __fdiv_rn(orow[j], denom);
+  }
+}
+
+// ---- transpose01 ----
+
+// One thread per output element out[b, a, c] = x[a, b, c].
+__global__ void transpose01_kernel(const float* __restrict__ x, float* __restrict__ out, int64_t A,
+                                   int64_t B, int64_t C) {
+  const int64_t total = A * B * C;
+  for (int64_t o = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; o < total;
+       o += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t c = o % C;
+    const int64_t ba = o / C;  // b * A + a
+    const int64_t a = ba % A;
+    const int64_t b = ba / A;
+    out[o] = x[(a * B + b) * C + c];
+  }
+}
+
+// ---- fill_uniform ----
+
+// Element i = uniform_at(seed, i, lo, hi) rounded to the tensor's dtype exactly
+// as the CPU backend rounds it. 64-bit indices: weights reach ~3e10 elements.
+template <DType kDt>
+__global__ void fill_uniform_kernel(void* t, int64_t n, uint64_t seed, float lo, float hi) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = uniform_at(seed, static_cast<uint64_t>(i), lo, hi);
+    if constexpr (kDt == DType::kF32) {
+      static_cast<float*>(t)[i] = v;
+    } else if constexpr (kDt == DType::kBF16) {
+      static_cast<uint16_t*>(t)[i] = bf16_bits(v);
+    } else {
+      static_cast<uint16_t*>(t)[i] = f16_bits(v);
+    }
+  }
+}
+
+}  // namespace
+
+// RMSNorm over the last dimension. x, out f32 [..., D]; weight [D] f32|bf16|f16
+// or empty (weightless); out may alias x. Rows up to 1024 wide get a warp each,
+// wider rows a 256-thread block (the choice depends on D only).
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
+  constexpr const char* kOp = "rms_norm";
+  check_unary(*this, kOp, x, out);
+  if (x.rank() < 1) fail("rms_norm: x must have rank >= 1, got {}", x.describe());
+  const int64_t d = x.dim(-1);
+  if (d == 0 || x.numel() == 0) return;  // as the CPU: nothing to check the weight against
+  if (!weight.empty()) {
+    check_on(*this, kOp, "weight", weight);
+    check_float(kOp, "weight", weight);
+    if (weight.rank() != 1 || weight.dim(0) != d) {
+      fail("rms_norm: weight {} must be [{}] to match the last dimension of x {}",
+           weight.describe(), d, x.describe());
+    }
+  }
+  const int64_t rows = x.numel() / d;
+  const DType wdt = weight.empty() ? DType::kF32 : weight.dtype();
+  constexpr int64_t kWarpRowMax = 1024;
+  with_float_dtype(wdt, [&](auto tag) {
+    constexpr DType kDt = decltype(tag)::value;
+    if (d <= kWarpRowMax) {
+      constexpr int kRowsPerBlock = kThreads / 32;
+      rms_norm_kernel<kDt, 32><<<grid_for(rows, kRowsPerBlock), kThreads, 0, stream()>>>(
+          x.data_as<const float>(), weight.data(), eps, out.data_as<float>(), rows, d);
+    } else {
+      rms_norm_kernel<kDt, kThreads><<<grid_for(rows, 1), kThreads, 0, stream()>>>(
+          x.data_as<const float>(), weight.data(), eps, out.data_as<float>(), rows, d);
+    }
+  });
+  check_cuda(cudaGetLastError(), "rms_norm_kernel");
+}
+
+// Rotate-half RoPE in place. x f32 [M, heads, D]; positions i32 [M] and
+// inv_freq f32 [D/2] on the device.
+void CudaBackend::rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+  constexpr const char* kOp = "rope";
+  check_on(*this, kOp, "x", x);
+  check_on(*this, kOp, "positions", positions);
+  check_on(*this, kOp, "inv_freq", inv_freq);
+  check_dtype(kOp, "x", x, DType::kF32);
+  check_rank(kOp, "x", x, 3);
+  check_dtype(kOp, "positions", positions, DType::kI32);
+  check_dtype(kOp, "inv_freq", inv_freq, DType::kF32);
+  const int64_t m_rows = x.dim(0);
+  const int64_t heads = x.dim(1);
+  const int64_t d = x.dim(2);
+  if (d % 2 != 0) fail("rope: head dimension of x {} must be even", x.describe());
+  const int64_t half = d / 2;
+  if (positions.shape() != Shape({m_rows})) {
+    fail("rope: positions {} must be i32[{}] for x {}", positions.describe(), m_rows, x.describe());
+  }
+  if (inv_freq.shape() != Shape({half})) {
+    fail("rope: inv_freq {} must be f32[{}] (half the head dimension) for x {}",
+         inv_freq.describe(), half, x.describe());
+  }
+  require_no_overlap(kOp, "x", x, "positions", positions);
+  require_no_overlap(kOp, "x", x, "inv_freq", inv_freq);
+  // The CPU backend's limit, kept so that both backends accept the same inputs.
+  constexpr int64_t kMaxHalf = 1024;
+  if (half > kMaxHalf) fail("rope: head dimension {} exceeds the supported {}", d, 2 * kMaxHalf);
+  const int64_t total = m_rows * heads * half;
+  if (total == 0) return;
+  rope_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(
+      x.data_as<float>(), positions.data_as<const int32_t>(), inv_freq.data_as<const float>(),
+      heads, half, total);
+  check_cuda(cudaGetLastError(), "rope_kernel");
+}
+
+// out = gelu_tanh(gate) ⊙ up; f32, same shapes; out may alias gate or up.
+void CudaBackend::gelu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  check_binary(*this, "gelu_mul", "gate", gate, "up", up, out);
+  launch_binary(stream(), gate, up, out, GeluMulOp{}, "gelu_mul kernel");
+}
+
+// out = gelu_tanh(x); f32; out may alias x.
+void CudaBackend::gelu(const Tensor& x, const Tensor& out) {
+  check_unary(*this, "gelu", x, out);
+  launch_unary(stream(), x, out, GeluOp{}, "gelu kernel");
+}
+
+// out = a + b; f32, same shapes; out may alias a or b.
+void CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  check_binary(*this, "add", "a", a, "b", b, out);
+  launch_binary(stream(), a, b, out, AddOp{}, "add kernel");
+}
+
+// out = a ⊙ b; f32, same shapes; out may alias a or b.
+void CudaBackend::mul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  check_binary(*this, "mul", "a", a, "b", b, out);
+  launch_binary(stream(), a, b, out, MulOp{}, "mul kernel");
+}
+
+// out = x · s; f32; out may alias x.
+void CudaBackend::scale(const Tensor& x, float s, const Tensor& out) {
+  check_unary(*this, "scale", x, out);
+  launch_unary(stream(), x, out, ScaleOp{s}, "scale kernel");
+}
+
+// out = cap · tanh(x / cap); f32; out may alias x; cap positive and finite.
+void CudaBackend::softcap(const Tensor& x, float cap, const Tensor& out) {
+  check_unary(*this, "softcap", x, out);
+  if (!(cap > 0.0f) || !std::isfinite(cap)) {
+    fail("softcap: cap must be a positive finite number, got {} (x {})", cap, x.describe());
+  }
+  launch_unary(stream(), x, out, SoftcapOp{cap}, "softcap kernel");
+}
+
+// out[m] = index of the largest x[m, :] (lowest on ties; the first NaN if any).
+// x f32 [M, N]; out i32 [M]. One 256-thread block per row.
+void CudaBackend::argmax_rows(const Tensor& x, const Tensor& out) {
+  constexpr const char* kOp = "argmax_rows";
+  check_on(*this, kOp, "x", x);
+  check_on(*this, kOp, "out", out);
+  check_dtype(kOp, "x", x, DType::kF32);
+  check_rank(kOp, "x", x, 2);
+  check_dtype(kOp, "out", out, DType::kI32);
+  if (out.shape() != Shape({x.dim(0)})) {
+    fail("argmax_rows: out {} must be i32[{}] for x {}", out.describe(), x.dim(0), x.describe());
+  }
+  const int64_t m = x.dim(0);
+  const int64_t n = x.dim(1);
+  if (m == 0) return;
+  if (n == 0) fail("argmax_rows: x {} has empty rows; there is no largest element", x.describe());
+  if (n > std::numeric_limits<int32_t>::max()) {
+    fail("argmax_rows: x {} rows are too long for i32 indices", x.describe());
+  }
+  require_no_overlap(kOp, "out", out, "x", x);
+  argmax_rows_kernel<<<grid_for(m, 1), kThreads, 0, stream()>>>(x.data_as<const float>(),
+                                                                out.data_as<int32_t>(), m, n);
+  check_cuda(cudaGetLastError(), "argmax_rows_kernel");
+}
+
+// Row-wise softmax over the last dimension in f32; out may alias x. One
+// 256-thread block per row.
+void CudaBackend::softmax_rows(const Tensor& x, const Tensor& out) {
+  check_unary(*this, "softmax_rows", x, out);
+  if (x.rank() < 1) fail("softmax_rows: x must have rank >= 1, got {}", x.describe());
+  const int64_t n = x.dim(-1);
+  if (n == 0 || x.numel() == 0) return;
+  const int64_t rows = x.numel() / n;
+  softmax_rows_kernel<<<grid_for(rows, 1), kThreads, 0, stream()>>>(x.data_as<const float>(),
+                                                                    out.data_as<float>(), rows, n);
+  check_cuda(cudaGetLastError(), "softmax_rows_kernel");
+}
+
+// out[b, a, :] = x[a, b, :]. x f32 [A, B, C], out f32 [B, A, C]; no aliasing.
+void CudaBackend::transpose01(const Tensor& x, const Tensor& out) {
+  constexpr const char* kOp = "transpose01";
+  check_on(*this, kOp, "x", x);
+  check_on(*this, kOp, "out", out);
+  check_dtype(kOp, "x", x, DType::kF32);
+  check_dtype(kOp, "out", out, DType::kF32);
+  check_rank(kOp, "x", x, 3);
+  const int64_t a = x.dim(0), b = x.dim(1), c = x.dim(2);
+  if (out.shape() != Shape{b, a, c}) {
+    fail("transpose01: out {} must be [{}, {}, {}] for x {}", out.describe(), b, a, c,
+         x.describe());
+  }
+  require_no_overlap(kOp, "out", out, "x", x);
+  const int64_t total = x.numel();
+  if (total == 0) return;
+  transpose01_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(
+      x.data_as<const float>(), out.data_as<float>(), a, b, c);
+  check_cuda(cudaGetLastError(), "transpose01_kernel");
+}
+
+// Fills t (f32|bf16|f16) with uniform_at(seed, i, lo, hi) rounded to t's dtype:
+// bit-identical to the CPU backend's fill_uniform.
+void CudaBackend::fill_uniform(const Tensor& t, uint64_t seed, float lo, float hi) {
+  check_on(*this, "fill_uniform", "t", t);
+  check_float("fill_uniform", "t", t);
+  const int64_t n = t.numel();
+  if (n == 0) return;
+  with_float_dtype(t.dtype(), [&](auto tag) {
+    constexpr DType kDt = decltype(tag)::value;
+    fill_uniform_kernel<kDt>
+        <<<grid_for(n, kThreads), kThreads, 0, stream()>>>(t.data(), n, seed, lo, hi);
+  });
+  check_cuda(cudaGetLastError(), "fill_uniform_kernel");
+}
+
+}  // namespace specula::cuda
