@@ -44,7 +44,7 @@ struct BenchArgs {
   std::string device = "cpu";
   std::string random_weights;  // preset name or config.json path
   uint64_t seed = 1234;
-  std::string draft_head = "centroid";  // head of a --draft random drafter
+  std::string draft_head = "auto";  // head of a --draft random drafter (auto: as released)
   // --micro: forward timings against the measured copy bandwidth and matrix peak.
   bool micro = false;
   int context = 512;
@@ -232,7 +232,8 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
     m.draft_dir = fmt::format("random:{}", a.seed + 1);
     m.drafter = assistant::AssistantDrafter::random(assistant::assistant_config_for(c), c,
                                                     m.target->backend(), a.seed + 1,
-                                                    /*centroid_head=*/a.draft_head == "centroid");
+                                                    /*centroid_head=*/a.draft_head == "centroid" ||
+                                                        (a.draft_head == "auto" && c.has_ple()));
     if (!quiet) {
       fmt::print(stderr, "drafter: random ({} layers, hidden {}, {}; {:.2f} s)\n",
                  m.drafter->config().text.num_hidden_layers, m.drafter->config().text.hidden_size,
@@ -714,8 +715,9 @@ void register_bench(CLI::App& app) {
                   "Seed of --random-weights (a --draft random drafter uses seed + 1)")
       ->capture_default_str();
   cmd->add_option("--draft-head", args->draft_head,
-                  "Output head of a --draft random drafter: centroid or dense")
-      ->check(CLI::IsMember({"centroid", "dense"}))
+                  "Output head of a --draft random drafter: centroid, dense, or auto (as the "
+                  "released drafters: centroid for E2B/E4B-class targets, dense for 26B/31B)")
+      ->check(CLI::IsMember({"auto", "centroid", "dense"}))
       ->capture_default_str();
   cmd->add_flag(
       "--micro", args->micro,

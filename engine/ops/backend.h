@@ -38,6 +38,10 @@ struct AttentionParams {
   // and the keys are positions k_pos0 .. k_pos0 + ring_keys - 1 (ring_keys ≤ R).
   // Results are identical to the same keys laid out contiguously.
   int64_t ring_keys = -1;
+  // Prefill chunks may use a faster path that is deterministic but not batch
+  // invariant (CUDA: TF32 tensor-core products for 64+ queries). Never set it
+  // where results must match a decode step bit for bit; the CPU ignores it.
+  bool allow_fast_prefill = false;
 };
 
 // Mixture-of-experts routing of N tokens over E experts (gemma4-architecture.md §6).

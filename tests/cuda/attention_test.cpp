@@ -436,6 +436,42 @@ TEST(CudaAttention, RingLayoutEqualsContiguousKeys) {
   }
 }
 
+// The tensor-core prefill path (allow_fast_prefill, 64+ queries): TF32
+// products, so a looser tolerance; masking, windows, GQA and k_pos0 as on the CPU.
+constexpr float kFastPrefillTol = 5e-3f;
+TEST(CudaAttention, FastPrefillMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  struct P {
+    int64_t s, t, heads, kv, d, k_pos0;
+    int window;
+  };
+  for (const P& c : {P{300, 300, 8, 2, 256, 0, 0}, P{128, 400, 4, 4, 64, 50, 0},
+                     P{200, 260, 8, 4, 512, 0, 64}, P{64, 64, 2, 1, 32, 7, 16}}) {
+    Twin q(DType::kF32, {c.s, c.heads, c.d});
+    Twin k(DType::kF32, {c.t, c.kv, c.d}), v(DType::kF32, {c.t, c.kv, c.d});
+    q.randomize(21);
+    k.randomize(22);
+    v.randomize(23);
+    std::vector<int32_t> positions;
+    for (int64_t i = 0; i < c.s; ++i) positions.push_back(static_cast<int32_t>(c.k_pos0 + c.t - c.s + i));
+    if (c.window > 0) positions[0] = static_cast<int32_t>(c.k_pos0 - c.window - 5);  // sees nothing
+    const Twin pos = positions_twin(positions);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    Twin out(DType::kF32, {c.s, c.heads, c.d});
+    AttentionParams ap = params(q.dev, k.dev, v.dev, out.dev, pos.dev, c.k_pos0, true, c.window, scale);
+    ap.allow_fast_prefill = true;
+    gpu_be().attention(ap);
+    const HostTensor got = out.pull();
+    const HostTensor want = cpu_attention(q, k, v, pos, c.k_pos0, true, c.window, scale);
+    const std::string what = fmt::format("fast prefill S={} T={} H={}/{} D={} window={}", c.s, c.t,
+                                         c.heads, c.kv, c.d, c.window);
+    expect_close(got, want, kFastPrefillTol, what.c_str());
+    if (c.window > 0) {
+      for (int64_t j = 0; j < c.heads * c.d; ++j) ASSERT_EQ(got.data<float>()[j], 0.0f) << what;
+    }
+  }
+}
+
 TEST(CudaAttention, RejectsBadArguments) {
   SKIP_WITHOUT_CUDA();
   Twin q(DType::kF32, {2, 4, 64}), k(DType::kF32, {10, 2, 64}), v(DType::kF32, {10, 2, 64});

@@ -33,7 +33,7 @@ namespace {
 
 // Keys per chunk (absolute positions). Part of the numerics: changing it
 // changes results (still within tolerance), never their batch invariance.
-constexpr int64_t kChunk = 256;
+constexpr int64_t kChunk = 32;  // small chunks: decode parallelism comes from the key axis
 // Keys per softmax rescale block, aligned to absolute multiples of 32.
 constexpr int kSubBlock = 32;
 static_assert(kChunk % kSubBlock == 0, "chunks must be made of whole 32-key blocks");
@@ -310,6 +310,7 @@ void check_no_alias(const char* op, const char* out_name, const Tensor& out, con
 // q f32 [S, H, D], k/v f32 [T, Hkv, D], out f32 [S, H, D], q_positions i32 [S]
 // (all on this device); H a multiple of Hkv, D <= 512. See AttentionParams.
 void CudaBackend::attention(const AttentionParams& p) {
+  OpTimer timer(*this, "attention");
   constexpr const char* kOp = "attention";
   check_on(*this, kOp, "q", p.q);
   check_on(*this, kOp, "k", p.k);
@@ -361,6 +362,10 @@ void CudaBackend::attention(const AttentionParams& p) {
          p.k.describe());
   }
   if (p.out.numel() == 0) return;
+  if (p.allow_fast_prefill && !ring && s_len >= kFastPrefillQueries && t_len > 0) {
+    attention_prefill_gemm(*this, p);
+    return;
+  }
 
   AttnGeom g{};
   g.n_heads = static_cast<int>(n_heads);

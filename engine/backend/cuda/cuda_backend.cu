@@ -1,6 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 // CudaBackend construction, device memory, transfers, copies and shared checks.
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
 #include <cstring>
 #include <memory>
 
@@ -39,8 +44,9 @@ CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_index_);
+  if (profiling_enabled()) print_profile();
   if (stream_) cudaStreamSynchronize(stream_);
-  for (Scratch* s : {&lt_workspace_, &x_bf16_, &w_bf16_, &attn_partials_, &moe_scratch_}) {
+  for (Scratch* s : {&lt_workspace_, &x_bf16_, &w_bf16_, &attn_partials_, &moe_scratch_, &attn_scores_}) {
     if (s->data) cudaFree(s->data);
   }
   if (lt_) cublasLtDestroy(lt_);
@@ -107,6 +113,7 @@ void CudaBackend::synchronize() {
 }
 
 void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
+  OpTimer timer(*this, "copy");
   check_on(*this, "copy", "src", src);
   check_on(*this, "copy", "dst", dst);
   if (src.dtype() != dst.dtype() || src.numel() != dst.numel()) {
@@ -117,6 +124,60 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
   check_cuda(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice,
                              stream_),
              "copy (cudaMemcpyAsync)");
+}
+
+namespace {
+
+struct ProfileEntry {
+  int64_t calls = 0;
+  double seconds = 0;
+};
+std::mutex g_profile_mutex;
+std::map<std::string, ProfileEntry> g_profile;
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+bool profiling_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("SPECULA_CUDA_PROFILE");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return on;
+}
+
+OpTimer::OpTimer(CudaBackend& be, const char* op) : op_(op) {
+  if (!profiling_enabled()) return;
+  be_ = &be;
+  be.synchronize();
+  start_ = now_seconds();
+}
+
+OpTimer::~OpTimer() {
+  if (be_ == nullptr) return;
+  cudaStreamSynchronize(be_->stream());
+  const double t = now_seconds() - start_;
+  std::lock_guard<std::mutex> lock(g_profile_mutex);
+  ProfileEntry& e = g_profile[op_];
+  ++e.calls;
+  e.seconds += t;
+}
+
+void print_profile() {
+  std::lock_guard<std::mutex> lock(g_profile_mutex);
+  double total = 0;
+  for (auto& [name, e] : g_profile) total += e.seconds;
+  std::fprintf(stderr, "\nSPECULA_CUDA_PROFILE (synchronous per op):\n%-14s %10s %12s %10s %7s\n",
+               "op", "calls", "total ms", "us/call", "share");
+  for (auto& [name, e] : g_profile) {
+    std::fprintf(stderr, "%-14s %10lld %12.2f %10.2f %6.1f%%\n", name.c_str(),
+                 static_cast<long long>(e.calls), e.seconds * 1e3, e.seconds * 1e6 / e.calls,
+                 100 * e.seconds / total);
+  }
 }
 
 void check_on(const CudaBackend& be, const char* op, const char* name, const Tensor& t) {

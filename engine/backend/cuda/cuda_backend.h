@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
   Scratch w_bf16_;          // bf16 copy of non-bf16 weights for cuBLASLt (rare: f32 goldens)
   Scratch attn_partials_;   // split-sequence attention partial results
   Scratch moe_scratch_;     // grouped-expert bookkeeping
+  Scratch attn_scores_;     // prefill attention scores [heads, query tile, keys]
   int64_t reserved_keys_ = 0;
 
  private:
@@ -106,6 +107,32 @@ class CudaBackend final : public Backend {
   std::atomic<int64_t> allocations_{0};
   std::mutex scratch_mutex_;
 };
+
+// Prefill attention through cuBLASLt (TF32 tensor cores): scores = q·kᵀ per
+// head, masked softmax, out = p·v. For AttentionParams with allow_fast_prefill
+// and at least kFastPrefillQueries queries, contiguous (non-ring) keys; checked
+// by CudaBackend::attention before the call. cuda_attention_prefill.cu.
+inline constexpr int64_t kFastPrefillQueries = 64;
+void attention_prefill_gemm(CudaBackend& be, const AttentionParams& p);
+
+// Per-op wall-time profile, on when SPECULA_CUDA_PROFILE=1: every op
+// synchronizes before and after itself and adds its time to a table printed to
+// stderr when the backend is destroyed. Serializes the stream: for finding
+// where a step's time goes, never for measuring throughput.
+class OpTimer {
+ public:
+  OpTimer(CudaBackend& be, const char* op);
+  ~OpTimer();
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+
+ private:
+  CudaBackend* be_ = nullptr;  // null when profiling is off
+  const char* op_;
+  double start_ = 0;
+};
+bool profiling_enabled();
+void print_profile();
 
 // Shape/dtype/device checks shared by the op files; each throws an Error that
 // names the op and the tensor (same wording as the CPU backend's).

@@ -463,6 +463,7 @@ __global__ void fill_uniform_kernel(void* t, int64_t n, uint64_t seed, float lo,
 // or empty (weightless); out may alias x. Rows up to 1024 wide get a warp each,
 // wider rows a 256-thread block (the choice depends on D only).
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
+  OpTimer timer(*this, "rms_norm");
   constexpr const char* kOp = "rms_norm";
   check_unary(*this, kOp, x, out);
   if (x.rank() < 1) fail("rms_norm: x must have rank >= 1, got {}", x.describe());
@@ -496,6 +497,7 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, con
 // Rotate-half RoPE in place. x f32 [M, heads, D]; positions i32 [M] and
 // inv_freq f32 [D/2] on the device.
 void CudaBackend::rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) {
+  OpTimer timer(*this, "rope");
   constexpr const char* kOp = "rope";
   check_on(*this, kOp, "x", x);
   check_on(*this, kOp, "positions", positions);
@@ -531,36 +533,42 @@ void CudaBackend::rope(const Tensor& x, const Tensor& positions, const Tensor& i
 
 // out = gelu_tanh(gate) ⊙ up; f32, same shapes; out may alias gate or up.
 void CudaBackend::gelu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
+  OpTimer timer(*this, "gelu_mul");
   check_binary(*this, "gelu_mul", "gate", gate, "up", up, out);
   launch_binary(stream(), gate, up, out, GeluMulOp{}, "gelu_mul kernel");
 }
 
 // out = gelu_tanh(x); f32; out may alias x.
 void CudaBackend::gelu(const Tensor& x, const Tensor& out) {
+  OpTimer timer(*this, "gelu");
   check_unary(*this, "gelu", x, out);
   launch_unary(stream(), x, out, GeluOp{}, "gelu kernel");
 }
 
 // out = a + b; f32, same shapes; out may alias a or b.
 void CudaBackend::add(const Tensor& a, const Tensor& b, const Tensor& out) {
+  OpTimer timer(*this, "add");
   check_binary(*this, "add", "a", a, "b", b, out);
   launch_binary(stream(), a, b, out, AddOp{}, "add kernel");
 }
 
 // out = a ⊙ b; f32, same shapes; out may alias a or b.
 void CudaBackend::mul(const Tensor& a, const Tensor& b, const Tensor& out) {
+  OpTimer timer(*this, "mul");
   check_binary(*this, "mul", "a", a, "b", b, out);
   launch_binary(stream(), a, b, out, MulOp{}, "mul kernel");
 }
 
 // out = x · s; f32; out may alias x.
 void CudaBackend::scale(const Tensor& x, float s, const Tensor& out) {
+  OpTimer timer(*this, "scale");
   check_unary(*this, "scale", x, out);
   launch_unary(stream(), x, out, ScaleOp{s}, "scale kernel");
 }
 
 // out = cap · tanh(x / cap); f32; out may alias x; cap positive and finite.
 void CudaBackend::softcap(const Tensor& x, float cap, const Tensor& out) {
+  OpTimer timer(*this, "softcap");
   check_unary(*this, "softcap", x, out);
   if (!(cap > 0.0f) || !std::isfinite(cap)) {
     fail("softcap: cap must be a positive finite number, got {} (x {})", cap, x.describe());
@@ -571,6 +579,7 @@ void CudaBackend::softcap(const Tensor& x, float cap, const Tensor& out) {
 // out[m] = index of the largest x[m, :] (lowest on ties; the first NaN if any).
 // x f32 [M, N]; out i32 [M]. One 256-thread block per row.
 void CudaBackend::argmax_rows(const Tensor& x, const Tensor& out) {
+  OpTimer timer(*this, "argmax_rows");
   constexpr const char* kOp = "argmax_rows";
   check_on(*this, kOp, "x", x);
   check_on(*this, kOp, "out", out);
@@ -596,6 +605,7 @@ void CudaBackend::argmax_rows(const Tensor& x, const Tensor& out) {
 // Row-wise softmax over the last dimension in f32; out may alias x. One
 // 256-thread block per row.
 void CudaBackend::softmax_rows(const Tensor& x, const Tensor& out) {
+  OpTimer timer(*this, "softmax_rows");
   check_unary(*this, "softmax_rows", x, out);
   if (x.rank() < 1) fail("softmax_rows: x must have rank >= 1, got {}", x.describe());
   const int64_t n = x.dim(-1);
@@ -608,6 +618,7 @@ void CudaBackend::softmax_rows(const Tensor& x, const Tensor& out) {
 
 // out[b, a, :] = x[a, b, :]. x f32 [A, B, C], out f32 [B, A, C]; no aliasing.
 void CudaBackend::transpose01(const Tensor& x, const Tensor& out) {
+  OpTimer timer(*this, "transpose01");
   constexpr const char* kOp = "transpose01";
   check_on(*this, kOp, "x", x);
   check_on(*this, kOp, "out", out);

@@ -610,6 +610,7 @@ void check_no_alias(const char* op, const char* out_name, const Tensor& out, con
 // y[M, N] = x[M, K] · w[N, K]ᵀ; x, y f32, w f32|bf16|f16, all on this device; y
 // must not overlap x or w. Batch-invariant for M <= kInvariantRows (see top).
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
+  OpTimer timer(*this, "linear");
   constexpr const char* kOp = "linear";
   check_on(*this, kOp, "x", x);
   check_on(*this, kOp, "w", w);
@@ -663,6 +664,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
 // An id outside [0, V) gives a zero row (the CPU backend throws; see top).
 void CudaBackend::embedding(const Tensor& table, const Tensor& ids, float scale,
                             const Tensor& out) {
+  OpTimer timer(*this, "embedding");
   constexpr const char* kOp = "embedding";
   check_on(*this, kOp, "table", table);
   check_on(*this, kOp, "ids", ids);

@@ -464,6 +464,7 @@ __global__ void moe_combine_kernel(const int32_t* ids, const float* weights, con
 // f32|bf16|f16; expert_ids i32 [N, k] and expert_weights f32 [N, k] out. One
 // warp per token, kRouteWarps tokens per block.
 void CudaBackend::moe_route(const MoeRouteParams& p) {
+  OpTimer timer(*this, "moe_route");
   constexpr const char* kOp = "moe_route";
   check_on(*this, kOp, "logits", p.logits);
   check_on(*this, kOp, "per_expert_scale", p.per_expert_scale);
@@ -508,6 +509,7 @@ void CudaBackend::moe_route(const MoeRouteParams& p) {
 // (not aliasing any input). Ids are not validated on the host (that would need
 // a readback): a token with an id outside [0, E) gets a NaN output row.
 void CudaBackend::moe_experts(const MoeExpertsParams& p) {
+  OpTimer timer(*this, "moe_experts");
   constexpr const char* kOp = "moe_experts";
   check_on(*this, kOp, "x", p.x);
   check_on(*this, kOp, "expert_ids", p.expert_ids);

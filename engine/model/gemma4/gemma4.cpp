@@ -521,6 +521,9 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
     ap.q_positions = s.positions.slice_rows(p.begin, p.begin + p.n);
     ap.k_pos0 = p.attn_pos0[li];
     ap.ring_keys = p.attn_ring_keys[li];
+    // Long chunks are prefill: tensor-core attention there (not batch invariant,
+    // and nothing compares a prefill chunk with decode steps bit for bit).
+    ap.allow_fast_prefill = p.gather;
     ap.causal = true;
     ap.window = sliding ? c.sliding_window : 0;
     ap.scale = 1.0f;  // Gemma 4 normalises q and k instead of scaling (§2.5)

@@ -1,0 +1,121 @@
+// SPDX-License-Identifier: Apache-2.0
+// bench_ops: times single backend ops at the shapes of a Gemma 4 preset (one
+// decoder layer's products, attention, norms), to see where a decode step's
+// time goes. Reports time per call and, for products, the weight bandwidth.
+//   bench_ops --device cuda --preset 31b --rows 1 5 8 64
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <vector>
+
+#include "engine/backend/backends.h"
+#include "engine/memory/memory_resource.h"
+#include "engine/model/gemma4/presets.h"
+
+namespace {
+
+using namespace specula;
+
+// Seconds per call of `f`: `reps` calls between two synchronizations, best of 3.
+double time_per_call(Backend& be, const std::function<void()>& f, int reps) {
+  f();
+  be.synchronize();
+  double best = 1e30;
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < reps; ++i) f();
+    be.synchronize();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
+    best = std::min(best, s);
+  }
+  return best;
+}
+
+struct Buffers {
+  Backend& be;
+  std::vector<DeviceBuffer> owned;
+  Tensor make(DType dtype, Shape shape, uint64_t seed) {
+    owned.emplace_back(be, static_cast<size_t>(shape.numel()) * dtype_size(dtype) + 256);
+    Tensor t = owned.back().view(dtype, shape);
+    if (dtype != DType::kI32) be.fill_uniform(t, seed, -0.05f, 0.05f);
+    return t;
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app("Time single backend ops at the shapes of a Gemma 4 preset");
+  std::string device = "cuda", preset = "31b";
+  std::vector<int> rows = {1, 5, 8, 64};
+  int context = 512, reps = 20;
+  app.add_option("--device", device, "cpu or cuda")->capture_default_str();
+  app.add_option("--preset", preset, "e2b, e4b, 31b or 26b-a4b")->capture_default_str();
+  app.add_option("--rows", rows, "Token rows per call")->capture_default_str();
+  app.add_option("--context", context, "Keys per decode query")->capture_default_str();
+  app.add_option("--reps", reps, "Calls per timing")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    Backend& be = backend_for(device == "cpu" ? Device::cpu() : Device::cuda(0));
+    const gemma4::Gemma4Config c = gemma4::gemma4_preset(preset);
+    const int64_t H = c.hidden_size, Nh = c.num_attention_heads, D = c.head_dim;
+    const int64_t KV = c.num_key_value_heads, I = c.intermediate_size;
+    be.reserve_scratch(context + 64, std::max<int64_t>(I, Nh * c.global_head_dim));
+    Buffers buf{be, {}};
+    struct Product {
+      const char* name;
+      int64_t n, k;
+    };
+    const std::vector<Product> products = {{"q_proj", Nh * D, H},   {"k_proj", KV * D, H},
+                                           {"o_proj", H, Nh * D},   {"gate_proj", I, H},
+                                           {"down_proj", H, I},     {"lm_head", c.vocab_size, H}};
+    fmt::print("preset {} on {}: H {} heads {}/{} D {} I {} V {}\n", preset, be.name(), H, Nh, KV,
+               D, I, c.vocab_size);
+    fmt::print("{:<10} {:>5} {:>10} {:>10}\n", "op", "rows", "us/call", "GB/s(w)");
+    for (const Product& p : products) {
+      Tensor w = buf.make(DType::kBF16, {p.n, p.k}, 1);
+      for (int m : rows) {
+        Tensor x = buf.make(DType::kF32, {m, p.k}, 2);
+        Tensor y = buf.make(DType::kF32, {m, p.n}, 3);
+        const double t = time_per_call(be, [&] { be.linear(x, w, y); }, reps);
+        fmt::print("{:<10} {:>5} {:>10.1f} {:>10.0f}\n", p.name, m, t * 1e6,
+                   static_cast<double>(w.nbytes()) / t / 1e9);
+        buf.owned.pop_back();
+        buf.owned.pop_back();
+      }
+      buf.owned.pop_back();
+    }
+    // Attention of `m` queries over `context` keys (sliding layer geometry).
+    for (int m : rows) {
+      Tensor q = buf.make(DType::kF32, {m, Nh, D}, 4);
+      Tensor k = buf.make(DType::kF32, {context + m, KV, D}, 5);
+      Tensor v = buf.make(DType::kF32, {context + m, KV, D}, 6);
+      Tensor o = buf.make(DType::kF32, {m, Nh, D}, 7);
+      Tensor pos = buf.make(DType::kI32, {m}, 0);
+      std::vector<int32_t> p(static_cast<size_t>(m));
+      for (int i = 0; i < m; ++i) p[static_cast<size_t>(i)] = context + i;
+      be.upload(p.data(), pos);
+      AttentionParams ap{.q = q, .k = k, .v = v, .out = o, .q_positions = pos, .k_pos0 = 0,
+                         .causal = true, .window = c.sliding_window, .scale = 1.0f};
+      const double t = time_per_call(be, [&] { be.attention(ap); }, reps);
+      fmt::print("{:<10} {:>5} {:>10.1f} {:>10.0f}\n", "attention", m, t * 1e6,
+                 static_cast<double>(k.nbytes() * 2) / t / 1e9);
+      Tensor h = buf.make(DType::kF32, {m, H}, 8);
+      Tensor nw = buf.make(DType::kBF16, {H}, 9);
+      const double tn = time_per_call(be, [&] { be.rms_norm(h, nw, 1e-6f, h); }, reps);
+      fmt::print("{:<10} {:>5} {:>10.1f}\n", "rms_norm", m, tn * 1e6);
+      const double ta = time_per_call(be, [&] { be.add(h, h, h); }, reps);
+      fmt::print("{:<10} {:>5} {:>10.1f}\n", "add", m, ta * 1e6);
+      const double tc = time_per_call(be, [&] { be.copy(q, o); }, reps);
+      fmt::print("{:<10} {:>5} {:>10.1f}\n", "copy", m, tc * 1e6);
+    }
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_ops: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
