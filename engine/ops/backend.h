@@ -95,6 +95,16 @@ class Backend : public MemoryResource {
   // x, out f32 [..., D]; weight [D] any float, or empty for the weightless variant.
   // out may alias x.
   virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) = 0;
+  // The post-norm residual update: residual = (residual + rms_norm(x)·weight) · post_scale
+  // (post_scale 1 skips the product). x, residual f32 [..., D]; weight [D]. x may be
+  // overwritten (with its normalised value). The default composes rms_norm, add and
+  // scale; backends may fuse it, computing the same operations in the same order.
+  virtual void rms_norm_add(const Tensor& x, const Tensor& weight, float eps,
+                            const Tensor& residual, float post_scale = 1.0f) {
+    rms_norm(x, weight, eps, x);
+    add(residual, x, residual);
+    if (post_scale != 1.0f) scale(residual, post_scale, residual);
+  }
   // Rotate-half RoPE in place: for each row m and head, pairs (j, j + D/2) rotate by
   // angle positions[m] · inv_freq[j]. x f32 [M, heads, D]; positions i32 [M];
   // inv_freq f32 [D/2] (zeros leave a pair unrotated).

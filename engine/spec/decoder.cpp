@@ -121,6 +121,26 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     be.download(t, staging->data());
     return staging->data();
   };
+  // Greedy rows without penalties on a device: the argmax runs there and only
+  // token ids come back (not [rows, V] logits).
+  const bool device_greedy =
+      !be.device().is_cpu() &&
+      std::all_of(requests.begin(), requests.end(), [](const DecodeRequest& r) {
+        return r.params.greedy() && !r.params.has_penalties();
+      });
+  DeviceBuffer argmax_buffer;
+  std::vector<int32_t> argmax_host;
+  auto device_argmax = [&](const Tensor& logits) -> const int32_t* {
+    const int64_t n = logits.dim(0);
+    if (argmax_buffer.size() < static_cast<size_t>(n) * sizeof(int32_t)) {
+      argmax_buffer = DeviceBuffer(be, static_cast<size_t>(2 * n) * sizeof(int32_t));
+      argmax_host.resize(static_cast<size_t>(2 * n));
+    }
+    const Tensor ids = argmax_buffer.view(DType::kI32, {n});
+    be.argmax_rows(logits, ids);
+    be.download(ids, argmax_host.data());
+    return argmax_host.data();
+  };
   SamplingWorkspace ws(V);
   SamplingWorkspace ws_draft(V);
   std::vector<float> residual(static_cast<size_t>(V));
@@ -164,16 +184,23 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     fwd.push_back({.kv = &r.kv, .tokens = r.request->prompt, .all_logits = false});
   {
     const gemma4::ForwardOutput& out = target.forward(fwd);
-    const float* prefill_logits = on_host(out.logits, &logits_host);
-    const float* prefill_hidden = on_host(out.hidden, &hidden_host);
+    const int32_t* prefill_ids = device_greedy ? device_argmax(out.logits) : nullptr;
+    const float* prefill_logits = device_greedy ? nullptr : on_host(out.logits, &logits_host);
+    const float* prefill_hidden = drafter ? on_host(out.hidden, &hidden_host) : nullptr;
     const double prefill_s = seconds_since(t_prefill);
     for (size_t i = 0; i < rows.size(); ++i) {
       Row& r = rows[i];
       r.result.stats.prefill_seconds = prefill_s;
       r.result.stats.target_forwards = 1;
-      std::span<const float> logits(prefill_logits + i * V, static_cast<size_t>(V));
-      r.pending = sample_token(logits, history_of(r), r.request->params, ws, r.rng);
-      std::memcpy(r.hidden.data(), prefill_hidden + i * H, static_cast<size_t>(H) * sizeof(float));
+      if (device_greedy) {
+        r.pending = prefill_ids[i];
+      } else {
+        std::span<const float> logits(prefill_logits + i * V, static_cast<size_t>(V));
+        r.pending = sample_token(logits, history_of(r), r.request->params, ws, r.rng);
+      }
+      if (drafter) {
+        std::memcpy(r.hidden.data(), prefill_hidden + i * H, static_cast<size_t>(H) * sizeof(float));
+      }
       emit(i, r.pending);
       notify(i, 0);
     }
@@ -220,9 +247,16 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
         draft_owner.push_back(i);
       }
       if (draft_rows.empty()) break;
-      const float* draft_logits = on_host(drafter->step(s, draft_rows), &draft_logits_host);
+      const Tensor step_logits = drafter->step(s, draft_rows);
+      const int32_t* draft_ids = device_greedy ? device_argmax(step_logits) : nullptr;
+      const float* draft_logits =
+          device_greedy ? nullptr : on_host(step_logits, &draft_logits_host);
       for (size_t b = 0; b < draft_owner.size(); ++b) {
         Row& r = rows[draft_owner[b]];
+        if (device_greedy) {
+          r.drafts.push_back(draft_ids[b]);
+          continue;
+        }
         std::span<const float> row_logits(draft_logits + b * V, static_cast<size_t>(V));
         // Drafts extend the history (which already ends with the pending token) so
         // penalties see them exactly as the target will.
@@ -260,8 +294,9 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     pos0.resize(active.size());
     for (size_t a = 0; a < active.size(); ++a) pos0[a] = rows[active[a]].kv.length();
     const gemma4::ForwardOutput& out = target.forward(fwd);
-    const float* verify_logits = on_host(out.logits, &logits_host);
-    const float* verify_hidden = on_host(out.hidden, &hidden_host);
+    const int32_t* verify_ids = device_greedy ? device_argmax(out.logits) : nullptr;
+    const float* verify_logits = device_greedy ? nullptr : on_host(out.logits, &logits_host);
+    const float* verify_hidden = drafter ? on_host(out.hidden, &hidden_host) : nullptr;
 
     for (size_t a = 0; a < active.size(); ++a) {
       const size_t i = active[a];
@@ -281,7 +316,10 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       const SamplingParams& params = r.request->params;
       for (; n < k; ++n) {
         const TokenHistory hist = history_of(r);
-        if (params.greedy()) {
+        if (device_greedy) {
+          next = verify_ids[out0 + n];
+          if (next != r.drafts[static_cast<size_t>(n)]) break;
+        } else if (params.greedy()) {
           next = greedy_token(target_logits(n), hist, params, ws);
           if (next != r.drafts[static_cast<size_t>(n)]) break;
         } else {
@@ -295,7 +333,10 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
         }
         r.history.push_back(r.drafts[static_cast<size_t>(n)]);
       }
-      if (n == k) next = sample_token(target_logits(k), history_of(r), params, ws, r.rng);
+      if (n == k) {
+        next = device_greedy ? verify_ids[out0 + k]
+                             : sample_token(target_logits(k), history_of(r), params, ws, r.rng);
+      }
       r.history.resize(r.history.size() - static_cast<size_t>(n));  // emit() re-appends
 
       if (st.drafted_at.size() < static_cast<size_t>(k)) {
@@ -317,8 +358,10 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       if (alive) {
         emit(i, next);
         r.pending = next;
-        std::memcpy(r.hidden.data(), verify_hidden + (out0 + n) * H,
-                    static_cast<size_t>(H) * sizeof(float));
+        if (drafter) {
+          std::memcpy(r.hidden.data(), verify_hidden + (out0 + n) * H,
+                      static_cast<size_t>(H) * sizeof(float));
+        }
       }
       notify(i, first_new);
       if (schedule.adaptive && k > 0) {

@@ -75,6 +75,37 @@ TEST(CudaElementwise, RmsNormMatchesCpu) {
   }
 }
 
+// The fused post-norm residual update equals rms_norm, add and scale in
+// sequence on the GPU bit for bit, and the CPU within the norm tolerance.
+TEST(CudaElementwise, RmsNormAddEqualsTheUnfusedSequence) {
+  SKIP_WITHOUT_CUDA();
+  uint64_t seed = 700;
+  for (const Shape& shape : {Shape{3, 64}, Shape{2, 5376}, Shape{1, 1536}}) {
+    const int64_t d = shape.dim(-1);
+    for (float post_scale : {1.0f, 0.71f}) {
+      Twin x(DType::kF32, shape), residual(DType::kF32, shape);
+      Twin w(DType::kBF16, {d});
+      x.randomize(seed++, -3.0f, 3.0f);
+      residual.randomize(seed++, -2.0f, 2.0f);
+      w.randomize(seed++, 0.5f, 1.5f);
+      // Unfused on the GPU, in copies of x and residual.
+      Twin x2(DType::kF32, shape), r2(DType::kF32, shape);
+      gpu_be().copy(x.dev, x2.dev);
+      gpu_be().copy(residual.dev, r2.dev);
+      gpu_be().rms_norm(x2.dev, w.dev, 1e-6f, x2.dev);
+      gpu_be().add(r2.dev, x2.dev, r2.dev);
+      if (post_scale != 1.0f) gpu_be().scale(r2.dev, post_scale, r2.dev);
+      gpu_be().rms_norm_add(x.dev, w.dev, 1e-6f, residual.dev, post_scale);
+      const std::string what = "rms_norm_add " + shape.str();
+      expect_bits_equal(residual.pull(), r2.pull(), what);
+      cpu_be().rms_norm_add(x.host, w.host, 1e-6f, residual.host, post_scale);
+      expect_close(residual.pull(), residual.host, kNormTol, what.c_str());
+    }
+  }
+  Twin a(DType::kF32, {2, 8});
+  EXPECT_THROW(gpu_be().rms_norm_add(a.dev, Tensor(), 1e-6f, a.dev, 1.0f), Error);
+}
+
 TEST(CudaElementwise, RmsNormInPlace) {
   SKIP_WITHOUT_CUDA();
   for (int64_t d : {256, 2816}) {

@@ -62,6 +62,8 @@ class CudaBackend final : public Backend {
 
   // ---- elementwise and reductions (cuda_elementwise.cu) ----
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override;
+  void rms_norm_add(const Tensor& x, const Tensor& weight, float eps, const Tensor& residual,
+                    float post_scale) override;
   void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
   void gelu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override;
   void gelu(const Tensor& x, const Tensor& out) override;

@@ -209,7 +209,7 @@ __device__ __forceinline__ float block_max(float v, float* partials) {
 template <DType kDt, int kGroup>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const float* x, const void* weight, float eps, float* out, int64_t rows,
-                    int64_t d) {
+                    int64_t d, float* residual = nullptr, float post_scale = 1.0f) {
   constexpr int kRowsPerBlock = kThreads / kGroup;
   __shared__ double partials[kThreads / 32];
   const int lane = threadIdx.x % kGroup;
@@ -240,9 +240,21 @@ __global__ void __launch_bounds__(kThreads)
     float* orow = out + r * d;
     // Every element is read (above) and written (here) by the same thread, after
     // the reduction, so out may be x itself.
-    for (int64_t c = lane; c < d; c += kGroup) {
-      const float v = __fmul_rn(xr[c], inv);
-      orow[c] = weight != nullptr ? __fmul_rn(v, load_float<kDt>(weight, c)) : v;
+    if (residual == nullptr) {
+      for (int64_t c = lane; c < d; c += kGroup) {
+        const float v = __fmul_rn(xr[c], inv);
+        orow[c] = weight != nullptr ? __fmul_rn(v, load_float<kDt>(weight, c)) : v;
+      }
+    } else {
+      // rms_norm_add: the same roundings as rms_norm, then add, then scale.
+      float* rrow = residual + r * d;
+      for (int64_t c = lane; c < d; c += kGroup) {
+        float v = __fmul_rn(xr[c], inv);
+        if (weight != nullptr) v = __fmul_rn(v, load_float<kDt>(weight, c));
+        float sum = __fadd_rn(rrow[c], v);
+        if (post_scale != 1.0f) sum = __fmul_rn(sum, post_scale);
+        rrow[c] = sum;
+      }
     }
   }
 }
@@ -492,6 +504,47 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, con
     }
   });
   check_cuda(cudaGetLastError(), "rms_norm_kernel");
+}
+
+// residual = (residual + rms_norm(x)·weight) · post_scale in one kernel (x is
+// left unchanged). Same roundings as rms_norm, add and scale in sequence.
+void CudaBackend::rms_norm_add(const Tensor& x, const Tensor& weight, float eps,
+                               const Tensor& residual, float post_scale) {
+  OpTimer timer(*this, "rms_norm_add");
+  constexpr const char* kOp = "rms_norm_add";
+  check_unary(*this, kOp, x, residual);
+  if (x.rank() < 1) fail("rms_norm_add: x must have rank >= 1, got {}", x.describe());
+  const int64_t d = x.dim(-1);
+  if (d == 0 || x.numel() == 0) return;
+  if (!weight.empty()) {
+    check_on(*this, kOp, "weight", weight);
+    check_float(kOp, "weight", weight);
+    if (weight.rank() != 1 || weight.dim(0) != d) {
+      fail("rms_norm_add: weight {} must be [{}] to match the last dimension of x {}",
+           weight.describe(), d, x.describe());
+    }
+  }
+  if (x.data() == residual.data()) {
+    fail("rms_norm_add: x {} and residual {} must be different buffers", x.describe(),
+         residual.describe());
+  }
+  const int64_t rows = x.numel() / d;
+  const DType wdt = weight.empty() ? DType::kF32 : weight.dtype();
+  constexpr int64_t kWarpRowMax = 1024;
+  with_float_dtype(wdt, [&](auto tag) {
+    constexpr DType kDt = decltype(tag)::value;
+    if (d <= kWarpRowMax) {
+      constexpr int kRowsPerBlock = kThreads / 32;
+      rms_norm_kernel<kDt, 32><<<grid_for(rows, kRowsPerBlock), kThreads, 0, stream()>>>(
+          x.data_as<const float>(), weight.data(), eps, nullptr, rows, d,
+          residual.data_as<float>(), post_scale);
+    } else {
+      rms_norm_kernel<kDt, kThreads><<<grid_for(rows, 1), kThreads, 0, stream()>>>(
+          x.data_as<const float>(), weight.data(), eps, nullptr, rows, d,
+          residual.data_as<float>(), post_scale);
+    }
+  });
+  check_cuda(cudaGetLastError(), "rms_norm_kernel (add)");
 }
 
 // Rotate-half RoPE in place. x f32 [M, heads, D]; positions i32 [M] and

@@ -530,8 +530,7 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
     be.attention(ap);
   }
   be.linear(attn, w.o_proj, s.o);
-  be.rms_norm(s.o, w.post_attention_layernorm, eps, s.o);
-  be.add(s.h, s.o, s.h);
+  be.rms_norm_add(s.o, w.post_attention_layernorm, eps, s.h);
 
   // 2-4. Feed-forward: dense MLP, plus the routed experts on MoE layers (§4, §6).
   const int64_t I = spec.intermediate_size;
@@ -562,8 +561,10 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
     be.rms_norm(s.moe_out, w.post_feedforward_layernorm_2, eps, s.moe_out);
     be.add(s.o, s.moe_out, s.o);
   }
-  be.rms_norm(s.o, w.post_feedforward_layernorm, eps, s.o);
-  be.add(s.h, s.o, s.h);
+  // 6. layer_scalar scales the whole residual stream, folded into the last
+  // residual update of the layer.
+  const float layer_scalar = layer_scalars_[li];
+  be.rms_norm_add(s.o, w.post_feedforward_layernorm, eps, s.h, c.has_ple() ? 1.0f : layer_scalar);
 
   // 5. Per-layer input (§4 step 5).
   if (c.has_ple()) {
@@ -571,12 +572,8 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
     be.gelu(s.ple_gate, s.ple_gate);
     be.mul(s.ple_gate, s.ple.row(l), s.ple_gate);
     be.linear(s.ple_gate, w.per_layer_projection, s.o);
-    be.rms_norm(s.o, w.post_per_layer_input_norm, eps, s.o);
-    be.add(s.h, s.o, s.h);
+    be.rms_norm_add(s.o, w.post_per_layer_input_norm, eps, s.h, layer_scalar);
   }
-
-  // 6. layer_scalar scales the whole residual stream.
-  be.scale(s.h, layer_scalars_[li], s.h);
   (void)options;
 }
 
