@@ -41,7 +41,6 @@ struct BenchArgs {
   std::vector<int> draft_tokens = {1, 2, 4, 6};
   bool json = false;
   // Device and random-weight models.
-  std::string device = "cpu";
   std::string random_weights;  // preset name or config.json path
   uint64_t seed = 1234;
   std::string draft_head = "auto";  // head of a --draft random drafter (auto: as released)
@@ -79,20 +78,6 @@ double timed(Backend& be, F&& f) {
   f();
   be.synchronize();
   return seconds_since(t0);
-}
-
-// "cpu", "cuda" (= cuda:0) or "cuda:N".
-Device parse_device(const std::string& text) {
-  if (text == "cpu") return Device::cpu();
-  if (text == "cuda") return Device::cuda(0);
-  if (text.starts_with("cuda:")) {
-    int index = -1;
-    const char* begin = text.data() + 5;
-    const char* end = text.data() + text.size();
-    const auto [ptr, ec] = std::from_chars(begin, end, index);
-    if (ec == std::errc() && ptr == end && begin != end && index >= 0) return Device::cuda(index);
-  }
-  fail("--device: '{}' is not a device (expected cpu, cuda or cuda:N)", text);
 }
 
 // A preset name ("31b") or a config.json file / checkpoint directory.
@@ -174,7 +159,7 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
   LoadedModels m;
   const bool tty = isatty(STDERR_FILENO);
   const bool quiet = a.json;
-  if (a.random_weights.empty() && device.is_cpu()) {
+  if (a.random_weights.empty() && (device.is_cpu() || a.model.model.empty())) {
     // The established path (embedded default model and drafter included).
     ModelArgs args = a.model;
     args.ctx_size = max_context;
@@ -618,7 +603,7 @@ void run_bench(BenchArgs a) {
     fmt::print("{}\n", j.dump(2));
     return;
   }
-  const Device device = parse_device(a.device);
+  const Device device = parse_device(a.model.device);
   if (!a.random_weights.empty() && !a.model.model.empty())
     fail("--random-weights and --model are exclusive: a random model replaces the checkpoint");
   if (a.model.draft == kRandomDraft && a.model.no_draft)
@@ -705,8 +690,6 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--draft-tokens,-k", args->draft_tokens, "Draft lengths to measure")
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print one JSON object instead of a table");
-  cmd->add_option("--device", args->device, "Device to run on: cpu, cuda or cuda:N")
-      ->capture_default_str();
   cmd->add_option("--random-weights", args->random_weights,
                   fmt::format("Build a model with seeded random bf16 weights instead of loading "
                               "--model: a preset ({}) or a config.json",

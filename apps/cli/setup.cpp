@@ -32,6 +32,19 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+Device parse_device(const std::string& text) {
+  if (text == "cpu") return Device::cpu();
+  if (text == "cuda") return Device::cuda(0);
+  if (text.starts_with("cuda:")) {
+    int index = -1;
+    const char* begin = text.data() + 5;
+    const char* end = text.data() + text.size();
+    const auto [ptr, ec] = std::from_chars(begin, end, index);
+    if (ec == std::errc() && ptr == end && begin != end && index >= 0) return Device::cuda(index);
+  }
+  fail("--device: '{}' is not a device (expected cpu, cuda or cuda:N)", text);
+}
+
 void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft) {
   cmd->add_option(
       "--model,-m", args.model,
@@ -51,6 +64,9 @@ void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft) {
       ->capture_default_str();
   cmd->add_option("--threads,-t", args.threads, "CPU threads (0 = all cores)")
       ->capture_default_str();
+  cmd->add_option("--device", args.device,
+                  "Device to run on: cpu, cuda or cuda:N (cuda needs a build with SPECULA_CUDA)")
+      ->capture_default_str();
 }
 
 LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_tokenizer, bool quiet) {
@@ -69,6 +85,8 @@ LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_token
   if (!quiet) fmt::print(stderr, "loading {} ...{}", m.model_dir, tty ? "" : "\n");
   gemma4::LoadOptions options;
   options.max_context = args.ctx_size;
+  options.device = parse_device(args.device);
+  backend_for(options.device);  // an unsupported device fails here, before loading
   m.target = gemma4::Gemma4Model::load(m.model_dir, options);
   const auto& c = m.target->config();
   if (!quiet) {

@@ -25,7 +25,11 @@ struct ModelArgs {
   std::string tokenizer;  // empty: the model directory
   int64_t ctx_size = 4096;
   int threads = 0;
+  std::string device = "cpu";  // cpu, cuda or cuda:N
 };
+
+// "cpu", "cuda" (= cuda:0) or "cuda:N"; an Error names the flag and the text otherwise.
+Device parse_device(const std::string& text);
 
 // Everything a verb runs on. The drafter is null without speculation.
 struct LoadedModels {

@@ -30,6 +30,8 @@ expect_error bad-ids "'abc'" "$specula" generate --model "$fixture" --prompt-ids
 expect_error id-outside-vocab "9999" "$specula" generate --model "$fixture" --prompt-ids 1,9999
 expect_error prompt-too-long "context size of 8" "$specula" generate --model "$fixture" --ctx-size 8 \
   --prompt-ids 3,4,5,6,7,8,9,10,11 --max-tokens 1
+expect_error bad-device "'tpu'" "$specula" generate --model "$fixture" --device tpu --prompt-ids 1,2
+expect_error bad-device-index "cuda:7" "$specula" generate --model "$fixture" --device cuda:7 --prompt-ids 1,2
 expect_error invalid-utf8 "UTF-8" "$specula" generate --prompt $'def f():\xff\xfe' --max-tokens 4
 
 mkdir -p "$tmp/llama"

@@ -233,6 +233,74 @@ TEST(CudaAttention, OddHeadDimsScalesAndLargeScores) {
   expect_close(got, want, kAttentionTol, "attention scale 16, integer q and k");
 }
 
+// Head dims that are not a multiple of 4 (rows staged one float at a time,
+// zero-padded to whole float4s) and wide GQA groups, whose (query, head)
+// pairs span several pair tiles of a partials block.
+TEST(CudaAttention, HeadDimsNotMultipleOfFourAndWideGroups) {
+  SKIP_WITHOUT_CUDA();
+  for (int64_t d : {18, 70, 126}) {
+    for (int64_t s : {1, 9}) {
+      check_case({.s = s,
+                  .t = 200 + s,
+                  .n_heads = 4,
+                  .n_kv = 2,
+                  .d = d,
+                  .window = 64,
+                  .k_pos0 = 45,
+                  .seed = static_cast<uint64_t>(d + s)});
+    }
+  }
+  // Group 16: S = 2 is one tile of 32 pairs, S = 3 and S = 9 are several.
+  for (int64_t s : {1, 2, 3, 9}) {
+    check_case({.s = s,
+                .t = 300 + s,
+                .n_heads = 16,
+                .n_kv = 1,
+                .d = 64,
+                .window = 0,
+                .k_pos0 = 13,
+                .seed = static_cast<uint64_t>(40 + s)});
+  }
+}
+
+// q, k and v that are not 16-byte aligned (views one float into their
+// buffers) take the 4-byte copy path; results must equal the aligned run bit
+// for bit (the staging differs, the arithmetic does not).
+TEST(CudaAttention, UnalignedInputsGiveTheSameBits) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t s = 5, t = 150, h = 8, kv = 4, d = 64, k_pos0 = 20;
+  Twin q(DType::kF32, {s, h, d}), k(DType::kF32, {t, kv, d}), v(DType::kF32, {t, kv, d});
+  q.randomize(31);
+  k.randomize(32);
+  v.randomize(33);
+  // The same values, one float into buffers of numel + 1 floats.
+  auto shifted = [](const Twin& x, Twin& buf) {
+    std::copy_n(x.host.data<float>(), x.host.numel(), buf.host.data<float>() + 1);
+    buf.push();
+    return Tensor(buf.dev.data_as<float>() + 1, DType::kF32, x.host.shape(), gpu_be().device());
+  };
+  Twin qb(DType::kF32, {s * h * d + 1}), kb(DType::kF32, {t * kv * d + 1}),
+      vb(DType::kF32, {t * kv * d + 1});
+  const Tensor q1 = shifted(q, qb);
+  const Tensor k1 = shifted(k, kb);
+  const Tensor v1 = shifted(v, vb);
+  std::vector<int32_t> positions;
+  for (int64_t i = 0; i < s; ++i) positions.push_back(static_cast<int32_t>(k_pos0 + t - s + i));
+  const Twin pos = positions_twin(positions);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (int window : {0, 40}) {
+    const HostTensor aligned = gpu_attention(q, k, v, pos, k_pos0, true, window, scale);
+    Twin out(DType::kF32, {s, h, d});
+    gpu_be().attention(params(q1, k1, v1, out.dev, pos.dev, k_pos0, true, window, scale));
+    const HostTensor unaligned = out.pull();
+    const HostTensor want = cpu_attention(q, k, v, pos, k_pos0, true, window, scale);
+    expect_close(unaligned, want, kAttentionTol, "unaligned q, k, v");
+    const size_t bytes = static_cast<size_t>(s * h * d) * sizeof(float);
+    EXPECT_EQ(std::memcmp(aligned.view().data(), unaligned.view().data(), bytes), 0)
+        << "aligned vs unaligned inputs, window " << window;
+  }
+}
+
 TEST(CudaAttention, QueriesThatSeeNoKeyGetZeroRows) {
   SKIP_WITHOUT_CUDA();
   // Keys at positions 100..149. Position 90 precedes them all (causal); with a
@@ -358,6 +426,8 @@ TEST(CudaAttention, BatchInvariantAcrossQueriesAndKeyGathering) {
   check_invariance(8, 2, 512, 0, 1535);
   check_invariance(4, 2, 64, 16, 256);  // p at a chunk start
   check_invariance(4, 1, 32, 0, 255);   // p at a chunk end
+  check_invariance(16, 1, 64, 0, 700);  // pairs over several pair tiles
+  check_invariance(4, 2, 18, 40, 333);  // head dim not a multiple of 4
 }
 
 TEST(CudaAttention, ScratchIsAllocatedOnceAcrossGrowingKeyRanges) {

@@ -4,24 +4,39 @@
 //
 // Batch invariance. A query's output depends only on its own q row, the keys
 // it can see and their absolute positions, never on S, on the other queries,
-// on k_pos0 or on how far the key tensor extends past what the query sees.
-// That is what lets a decode step (1 query, keys gathered from the window
-// start) and a verify window (k + 1 queries over a longer key tensor) agree bit
-// for bit. It holds because every reduction is pinned to absolute positions:
-// - keys are split into chunks of kChunk absolute positions ([c·kChunk,
-//   (c+1)·kChunk)); a chunk's partial (running max m, sum of exponentials l,
-//   unnormalised weighted V sum) covers only the visible keys of that chunk,
-//   visited in increasing position, softmax-rescaled once per aligned block of
-//   32 positions;
-// - chunks are merged in increasing chunk order, and only chunks that hold a
-//   visible key take part, so a fully masked chunk is never an operand;
-// - each dot product sums a lane's dims in order, then a fixed xor-shuffle
-//   tree (which leaves the same value in every lane); exp is expf, no atomics;
-//   products are explicit fmaf / __fmul_rn so no FMA contraction can differ.
-// No kernel code path depends on S or T (template parameter: the head dim only).
+// on k_pos0, on the ring layout or on how far the key tensor extends past what
+// the query sees. That is what lets a decode step (1 query, keys gathered from
+// the window start) and a verify window (k + 1 queries over a longer key
+// tensor) agree bit for bit. It holds because every reduction is pinned to
+// absolute positions and to the (query, head) alone:
+// - keys are split into chunks of kChunk = 32 absolute positions ([c·32,
+//   (c+1)·32)); a chunk's partial covers only the keys of that chunk the query
+//   sees: m = max score, l = Σ expf(score - m) (xor butterfly over the 32 key
+//   lanes), acc[d] = Σ expf(score - m)·v[d] (one fmaf per key, increasing
+//   position, starting from 0);
+// - a score is scale · q·k, the dot summed as four running fmaf sums over the
+//   dims ≡ 0, 1, 2, 3 (mod 4), each in increasing dim, then (s0 + s1) + (s2 + s3);
+// - the combine merges the chunks c = 0 .. n-1 the query sees (counted from its
+//   first visible chunk): M = max m_c, w_c = expf(m_c - M), L = Σ l_c·w_c
+//   (lane-strided over c, then xor butterfly), acc = Σ w_c·acc_c summed in 8
+//   interleaved groups (c mod 8, increasing c) added in a fixed tree; out = acc / L.
+// Which threads do what (pairs per block, pairs per register tile, which key
+// rows a block stages) varies with S and T; the arithmetic of a (query, head)
+// does not. exp is expf, no atomics; products are explicit fmaf / __fmul_rn and
+// sums __fadd_rn, so no FMA contraction or reassociation can differ.
+//
+// Speed. Decode is latency bound, so a partials block stages the K and V rows
+// of its chunk in shared memory with asynchronous copies issued all at once
+// (one memory latency per block, V arriving while the scores are computed),
+// and every (query, head) pair of its kv head (the GQA group, times the
+// queries of a verify window) reuses that tile. The combine is launched as a
+// programmatic dependent (PDL) so its launch overlaps the partials kernel.
+#include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <utility>
@@ -31,38 +46,67 @@
 namespace specula::cuda {
 namespace {
 
-// Keys per chunk (absolute positions). Part of the numerics: changing it
-// changes results (still within tolerance), never their batch invariance.
-constexpr int64_t kChunk = 32;  // small chunks: decode parallelism comes from the key axis
-// Keys per softmax rescale block, aligned to absolute multiples of 32.
-constexpr int kSubBlock = 32;
-static_assert(kChunk % kSubBlock == 0, "chunks must be made of whole 32-key blocks");
-// The largest head dimension (dims per lane = kMaxLaneDims).
+// Keys per chunk (absolute positions); equal to the warp size: lane j of a
+// warp scores key j of a chunk. Part of the numerics (see above).
+constexpr int kChunk = 32;
+// The largest head dimension (dims per combine lane = kMaxLaneDims).
 constexpr int kMaxHeadDim = 512;
 constexpr int kMaxLaneDims = kMaxHeadDim / 32;
-// Warps (one (query, head) pair each) per block of the partials kernel.
-constexpr int kPartialWarps = 8;
-// Warps per block of the combine kernel.
-constexpr int kCombineWarps = 4;
+// (query, head) pairs per partials block, all of one kv head. Work split only.
+constexpr int kPairTile = 32;
+constexpr int kPartialThreads = 256;
+constexpr int kPartialWarps = kPartialThreads / 32;
+// Warps per combine block (one block per (query, head)); the fixed tree that
+// adds the warps' sums is written for 8. Part of the numerics.
+constexpr int kCombineWarps = 8;
+constexpr int kCombineThreads = kCombineWarps * 32;
 // Partials kept at once: the scratch is requested at this size on every call
 // (so it is allocated once, not regrown as T grows in steady-state decode);
 // queries are processed in tiles that fit it.
 constexpr size_t kPartialsBudget = size_t{256} << 20;
 constexpr unsigned kFullMask = 0xffffffffu;
 
+// Shared-memory row stride (floats) of a staged q/k/v row of head dim d: d
+// rounded up to whole float4s, then to an odd count of float4s, so that the 8
+// lanes of a quarter warp reading float4 i of keys j .. j + 7 hit distinct banks.
+__host__ __device__ constexpr int smem_row_floats(int d) {
+  return 4 * (((d + 3) / 4) | 1);
+}
+
+// q rows staged per partials block holding `pairs` pairs (whole register tiles of 4).
+__host__ __device__ constexpr int staged_q_rows(int pairs) {
+  return (pairs + 3) / 4 * 4;
+}
+
+// Dynamic shared memory of a partials block: K and V tiles [kChunk][ld], q rows
+// [staged_q_rows][ld], scores [pairs][kChunk].
+constexpr size_t partials_smem_bytes(int d, int pairs) {
+  return (static_cast<size_t>(2 * kChunk + staged_q_rows(pairs)) * smem_row_floats(d) +
+          static_cast<size_t>(pairs) * kChunk) *
+         sizeof(float);
+}
+constexpr size_t kMaxPartialsSmem = partials_smem_bytes(kMaxHeadDim, kPairTile);
+// Hopper allows 227 KB of shared memory per block (less the kernel's static 512 B).
+static_assert(kMaxPartialsSmem + 512 <= 227 * 1024, "partials tiles exceed Hopper shared memory");
+
 // Geometry shared by both kernels (by value).
 struct AttnGeom {
-  int s;        // queries in this launch (a tile of the call's S)
-  int n_heads;  // query heads
-  int n_kv;     // kv heads
-  int group;    // n_heads / n_kv
-  int d;        // head dimension
-  int n_slots;  // partial slots per (query, head): most chunks a query can see
-  int64_t t;    // keys
+  int s;          // queries in this launch (a tile of the call's S)
+  int n_heads;    // query heads
+  int n_kv;       // kv heads
+  int group;      // n_heads / n_kv
+  int d;          // head dimension
+  int ld;         // smem_row_floats(d)
+  int n_slots;    // partial slots per (query, head): most chunks a query can see
+  int pair_tile;  // pairs per partials block: min(kPairTile, s · group)
+  int64_t t;      // keys
   int64_t k_pos0;
-  int64_t ring;  // > 0: k/v are rings of `ring` rows (position kp at row kp % ring)
+  int64_t ring;     // > 0: k/v are rings of `ring` rows (position kp at row kp % ring)
+  int64_t c_first;  // chunk of partials block x = 0: the chunk of k_pos0
   int window;
   bool causal;
+  bool vec4;   // d % 4 == 0 and q, k, v 16-byte aligned: rows move as float4
+  bool eager;  // one pair tile (decode, verify): stage rows before reading q_pos
   float scale;
 };
 
@@ -86,7 +130,7 @@ __device__ inline KeyRange visible_keys(int64_t qp, const AttnGeom& g) {
 // lane (addition commutes), so all lanes end with one identical result.
 __device__ inline float warp_sum(float x) {
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) x += __shfl_xor_sync(kFullMask, x, off);
+  for (int off = 16; off > 0; off >>= 1) x = __fadd_rn(x, __shfl_xor_sync(kFullMask, x, off));
   return x;
 }
 __device__ inline float warp_max(float x) {
@@ -95,199 +139,407 @@ __device__ inline float warp_max(float x) {
   return x;
 }
 
-// Partials: one warp per (query, head, chunk slot); a block holds up to
-// kPartialWarps (query, head) pairs of one kv head, so the heads of a query
-// read the same K/V rows together (served once from L1/L2).
-// Grid: x = chunk slot (chunk = first chunk the query sees + slot), y = kv
-// head, z = groups of kPartialWarps pairs (pair = query · group + head in group).
-// Lane `lane` owns dims lane, lane + 32, ... (coalesced row reads).
-// Writes, for a chunk holding a visible key, ml = (m, l) and acc[D]; chunks
-// with no visible key are left unwritten (the combine never reads them).
-template <int NR>
-__global__ void __launch_bounds__(kPartialWarps * 32)
+// Queues (in the calling thread's current cp.async group) the copy of one
+// d-float row from global `src` to shared `dst`, split over the 32 lanes of a
+// warp, and zeroes dst[d, round_up(d, 4)) so float4 dot products read zeros
+// past the row.
+__device__ inline void stage_row(float* dst, const float* src, const AttnGeom& g, int lane) {
+  if (g.vec4) {
+    for (int i = lane; i < g.d / 4; i += 32) __pipeline_memcpy_async(dst + 4 * i, src + 4 * i, 16);
+  } else {
+    for (int i = lane; i < g.d; i += 32) __pipeline_memcpy_async(dst + i, src + i, 4);
+    for (int i = g.d + lane; i < (g.d + 3) / 4 * 4; i += 32) dst[i] = 0.0f;
+  }
+}
+
+// Pairs per register tile in the partials block (one staged k or v float4 read
+// serves TP pairs). Fewer pairs: smaller tiles, so more warps share the work.
+// Never changes results: each pair's arithmetic is the same for every TP.
+__device__ inline int pairs_per_tile(int np) {
+  return np <= 4 ? 1 : (np <= 8 ? 2 : 4);
+}
+
+// Scores of the chunk: sP[p·kChunk + j] = scale · q_p·k_j for the block's np
+// pairs and the chunk's keys j (junk for keys that were not staged: the
+// softmax never reads those). Task = (tile of TP pairs, key j); the 32 keys of
+// a tile are the 32 lanes of one warp, so each lane reads its own key row and
+// the q rows are warp-wide broadcasts.
+template <int TP>
+__device__ void chunk_scores(const float* sK, const float* sQ, float* sP, int np,
+                             const AttnGeom& g) {
+  const int n4 = (g.d + 3) / 4;
+  const int tasks = (np + TP - 1) / TP * kChunk;
+  for (int task = static_cast<int>(threadIdx.x); task < tasks; task += kPartialThreads) {
+    const int p0 = task / kChunk * TP;
+    const int j = task % kChunk;
+    const float4* kr = reinterpret_cast<const float4*>(sK + j * g.ld);
+    const float4* qr[TP];
+    // Running sums over dims 4i + 0, 4i + 1, 4i + 2, 4i + 3 (q rows past np in
+    // the last tile were never staged: junk whose sums are dropped).
+    float s0[TP], s1[TP], s2[TP], s3[TP];
+#pragma unroll
+    for (int u = 0; u < TP; ++u) {
+      qr[u] = reinterpret_cast<const float4*>(sQ + (p0 + u) * g.ld);
+      s0[u] = s1[u] = s2[u] = s3[u] = 0.0f;
+    }
+    // (Less unrolling for 4-pair tiles keeps the kernel within 80 registers.)
+#pragma unroll(TP == 4 ? 2 : 4)
+    for (int i = 0; i < n4; ++i) {
+      const float4 kk = kr[i];
+#pragma unroll
+      for (int u = 0; u < TP; ++u) {
+        const float4 qq = qr[u][i];
+        s0[u] = fmaf(qq.x, kk.x, s0[u]);
+        s1[u] = fmaf(qq.y, kk.y, s1[u]);
+        s2[u] = fmaf(qq.z, kk.z, s2[u]);
+        s3[u] = fmaf(qq.w, kk.w, s3[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < TP; ++u) {
+      if (p0 + u < np) {
+        const float dot = __fadd_rn(__fadd_rn(s0[u], s1[u]), __fadd_rn(s2[u], s3[u]));
+        sP[(p0 + u) * kChunk + j] = __fmul_rn(g.scale, dot);
+      }
+    }
+  }
+}
+
+// Weighted values of the chunk: for each pair p with a visible key here,
+// acc[d] = Σ_{j = j0..j1} sP[p·kChunk + j] · v_j[d] (increasing j, from 0),
+// written to its partial slot. Task = (tile of TP pairs, float4 column i of
+// the head dim); keys run over the union [u0, u1] of the pairs' ranges and
+// each pair skips the keys outside its own [j0, j1] (not a multiply by 0, so
+// what a pair cannot see never reaches its sums).
+template <int TP>
+__device__ void chunk_values(const float* sV, const float* sP, const int* s_j0, const int* s_j1,
+                             const int64_t* s_entry, int np, int u0, int u1,
+                             float* __restrict__ part_acc, const AttnGeom& g) {
+  const int n4 = (g.d + 3) / 4;
+  const int tasks = (np + TP - 1) / TP * n4;
+  for (int task = static_cast<int>(threadIdx.x); task < tasks; task += kPartialThreads) {
+    const int p0 = task / n4 * TP;
+    const int i = task % n4;  // dims 4i .. 4i + 3
+    int j0[TP], j1[TP];
+    float4 acc[TP];
+#pragma unroll
+    for (int u = 0; u < TP; ++u) {
+      const bool real = p0 + u < np;
+      j0[u] = real ? s_j0[p0 + u] : 1;  // j0 > j1: sees nothing
+      j1[u] = real ? s_j1[p0 + u] : 0;
+      acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    for (int j = u0; j <= u1; ++j) {
+      const float4 vv = reinterpret_cast<const float4*>(sV + j * g.ld)[i];
+#pragma unroll
+      for (int u = 0; u < TP; ++u) {
+        if (j >= j0[u] && j <= j1[u]) {
+          const float w = sP[(p0 + u) * kChunk + j];
+          acc[u].x = fmaf(w, vv.x, acc[u].x);
+          acc[u].y = fmaf(w, vv.y, acc[u].y);
+          acc[u].z = fmaf(w, vv.z, acc[u].z);
+          acc[u].w = fmaf(w, vv.w, acc[u].w);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < TP; ++u) {
+      if (p0 + u >= np || s_entry[p0 + u] < 0) continue;
+      float* dst = part_acc + s_entry[p0 + u] * g.d + 4 * i;
+      if (g.vec4) {
+        *reinterpret_cast<float4*>(dst) = acc[u];
+      } else {
+        const float a[4] = {acc[u].x, acc[u].y, acc[u].z, acc[u].w};
+        for (int e = 0; e < 4 && 4 * i + e < g.d; ++e) dst[e] = a[e];
+      }
+    }
+  }
+}
+
+// Partials: one block per (absolute chunk, kv head, tile of up to kPairTile
+// (query, head) pairs of that kv head); pair = query · group + head in group.
+// Grid: x = chunk - c_first (every chunk the key tensor touches), y = kv head,
+// z = pair tile. Each block stages q rows and the chunk's K and V rows that any
+// of its pairs sees (cp.async, K group then V group), scores every (pair, key),
+// takes each pair's chunk softmax, then its weighted V sum. Writes, for each
+// pair with a visible key in the chunk, ml = (m, l) and acc[D] at slot
+// chunk - (first chunk the query sees); other slots are left unwritten (the
+// combine never reads them). Blocks where no pair sees a key exit at once.
+// Up to 3 blocks per SM (80 registers; a decode block's tiles take 71 KB at D = 256).
+__global__ void __launch_bounds__(kPartialThreads, 3)
     attention_partials_kernel(const float* __restrict__ q, const float* __restrict__ k,
                               const float* __restrict__ v, const int32_t* __restrict__ q_pos,
                               float* __restrict__ part_ml, float* __restrict__ part_acc,
                               AttnGeom g) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // The combine may launch now: it waits (griddepcontrol.wait) for this whole
+  // grid to finish, and its memory to be visible, before reading anything.
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+  extern __shared__ float4 smem[];
+  float* sK = reinterpret_cast<float*>(smem);          // [kChunk][ld] keys of the chunk
+  float* sV = sK + kChunk * g.ld;                      // [kChunk][ld] values
+  float* sQ = sV + kChunk * g.ld;                      // [staged_q_rows][ld] q rows
+  float* sP = sQ + staged_q_rows(g.pair_tile) * g.ld;  // [pair_tile][kChunk] scores, then weights
+  __shared__ int s_j0[kPairTile];                      // keys j0 .. j1 of the chunk pair p sees
+  __shared__ int s_j1[kPairTile];                      // (j0 > j1: none)
+  __shared__ int64_t s_entry[kPairTile];               // its partial entry (-1: none)
+
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t pair = static_cast<int64_t>(blockIdx.z) * (blockDim.x / 32) + threadIdx.x / 32;
-  const int64_t qi = pair / g.group;
-  if (qi >= g.s) return;  // whole warp: no block-level sync in this kernel
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int64_t c0 = (g.c_first + blockIdx.x) * kChunk;  // position of key 0 of the chunk
   const int kvh = static_cast<int>(blockIdx.y);
-  const int h = kvh * g.group + static_cast<int>(pair % g.group);
-  const int slot = static_cast<int>(blockIdx.x);
+  const int64_t pair0 = static_cast<int64_t>(blockIdx.z) * g.pair_tile;
+  const int np =
+      static_cast<int>(min(static_cast<int64_t>(g.pair_tile), int64_t{g.s} * g.group - pair0));
 
-  const KeyRange r = visible_keys(q_pos[qi], g);
-  if (r.lo > r.hi) return;
-  const int64_t chunk0 = floor_div(r.lo, kChunk) + slot;
-  const int64_t a = max(r.lo, chunk0 * kChunk);
-  const int64_t b = min(r.hi, chunk0 * kChunk + kChunk - 1);
-  if (a > b) return;  // this query sees fewer chunks than there are slots
-
-  const int64_t row = qi * g.n_heads + h;
-  const float* qr = q + row * g.d;
-  float qv[NR];
-#pragma unroll
-  for (int i = 0; i < NR; ++i) {
-    const int dim = lane + 32 * i;
-    qv[i] = dim < g.d ? __ldg(qr + dim) : 0.0f;
-  }
-  float acc[NR];
-#pragma unroll
-  for (int i = 0; i < NR; ++i) acc[i] = 0.0f;
-  float m = -INFINITY;
-  float l = 0.0f;
-  const int64_t kv_stride = static_cast<int64_t>(g.n_kv) * g.d;  // floats per key
-  const float* k_head = k + static_cast<int64_t>(kvh) * g.d;
-  const float* v_head = v + static_cast<int64_t>(kvh) * g.d;
-
-  // Aligned blocks of 32 absolute positions; [j0, j1] = visible part of each.
-  for (int64_t base = floor_div(a, kSubBlock) * kSubBlock; base <= b; base += kSubBlock) {
-    const int j0 = static_cast<int>(max(a, base) - base);
-    const int j1 = static_cast<int>(min(b, base + kSubBlock - 1) - base);
-    // Row of absolute position kp: kp - k_pos0, or kp % ring for ring caches.
+  // Stages q rows and K rows j0..j1 (cp.async group 0), then V rows j0..j1
+  // (group 1). Row of absolute position kp: kp - k_pos0, or kp % ring for ring
+  // caches (which may wrap inside a chunk).
+  auto stage_tiles = [&](int j0, int j1) {
+    const int64_t kv_row = int64_t{g.n_kv} * g.d;  // floats per key
+    const float* k_head = k + int64_t{kvh} * g.d;
+    const float* v_head = v + int64_t{kvh} * g.d;
     auto key_row = [&](int64_t kp) { return g.ring > 0 ? kp % g.ring : kp - g.k_pos0; };
-    // Scores: lane j keeps the score of key base + j (-inf where not visible).
-    float my_s = -INFINITY;
-    for (int j = j0; j <= j1; j += 4) {
-      float dot[4];
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        dot[u] = 0.0f;
-        if (j + u <= j1) {
-          const float* kr = k_head + key_row(base + j + u) * kv_stride;
-#pragma unroll
-          for (int i = 0; i < NR; ++i) {
-            const int dim = lane + 32 * i;
-            if (dim < g.d) dot[u] = fmaf(qv[i], __ldg(kr + dim), dot[u]);
-          }
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const float sc = __fmul_rn(g.scale, warp_sum(dot[u]));
-        if (lane == j + u && j + u <= j1) my_s = sc;
-      }
+    for (int p = warp; p < np; p += kPartialWarps) {
+      const int64_t pair = pair0 + p;
+      const int64_t h = int64_t{kvh} * g.group + pair % g.group;
+      stage_row(sQ + p * g.ld, q + ((pair / g.group) * g.n_heads + h) * g.d, g, lane);
     }
-    // One rescale per block: m_new covers every visible score of the block.
-    const float m_new = fmaxf(m, warp_max(my_s));
-    const float corr = expf(m - m_new);  // 0 on the first block (m = -inf)
-    const float p = (lane >= j0 && lane <= j1) ? expf(my_s - m_new) : 0.0f;
-    l = fmaf(l, corr, warp_sum(p));
-#pragma unroll
-    for (int i = 0; i < NR; ++i) acc[i] = __fmul_rn(acc[i], corr);
-#pragma unroll 4
-    for (int j = j0; j <= j1; ++j) {
-      const float pj = __shfl_sync(kFullMask, p, j);
-      const float* vr = v_head + key_row(base + j) * kv_stride;
-#pragma unroll
-      for (int i = 0; i < NR; ++i) {
-        const int dim = lane + 32 * i;
-        if (dim < g.d) acc[i] = fmaf(pj, __ldg(vr + dim), acc[i]);
-      }
+    for (int j = j0 + warp; j <= j1; j += kPartialWarps) {
+      stage_row(sK + j * g.ld, k_head + key_row(c0 + j) * kv_row, g, lane);
     }
-    m = m_new;
+    __pipeline_commit();
+    for (int j = j0 + warp; j <= j1; j += kPartialWarps) {
+      stage_row(sV + j * g.ld, v_head + key_row(c0 + j) * kv_row, g, lane);
+    }
+    __pipeline_commit();
+  };
+  // Eager: stage every row of the chunk inside the key tensor before reading
+  // q_pos, saving a memory latency (the visible keys are a subset).
+  if (g.eager) {
+    stage_tiles(static_cast<int>(max(c0, g.k_pos0) - c0),
+                static_cast<int>(min(c0 + kChunk - 1, g.k_pos0 + g.t - 1) - c0));
   }
 
-  const int64_t entry = row * g.n_slots + slot;
-  if (lane == 0) {
-    part_ml[2 * entry] = m;
-    part_ml[2 * entry + 1] = l;
+  if (static_cast<int>(threadIdx.x) < np) {
+    const int64_t pair = pair0 + threadIdx.x;
+    const int64_t qi = pair / g.group;
+    const int64_t h = int64_t{kvh} * g.group + pair % g.group;
+    const KeyRange r = visible_keys(q_pos[qi], g);
+    const int64_t a = max(r.lo, c0);
+    const int64_t b = min(r.hi, c0 + kChunk - 1);
+    const int64_t slot = floor_div(c0, kChunk) - floor_div(r.lo, kChunk);
+    const bool sees = r.lo <= r.hi && a <= b && slot < g.n_slots;
+    s_j0[threadIdx.x] = sees ? static_cast<int>(a - c0) : 1;
+    s_j1[threadIdx.x] = sees ? static_cast<int>(b - c0) : 0;
+    s_entry[threadIdx.x] = sees ? (qi * g.n_heads + h) * g.n_slots + slot : -1;
   }
-  float* out_acc = part_acc + entry * g.d;
-#pragma unroll
-  for (int i = 0; i < NR; ++i) {
-    const int dim = lane + 32 * i;
-    if (dim < g.d) out_acc[dim] = acc[i];
+  __syncthreads();
+  // Keys [u0, u1]: the hull of the pairs' ranges (rows the loops below read).
+  int u0 = kChunk;
+  int u1 = -1;
+  for (int p = 0; p < np; ++p) {
+    if (s_j0[p] <= s_j1[p]) {
+      u0 = min(u0, s_j0[p]);
+      u1 = max(u1, s_j1[p]);
+    }
+  }
+  if (u0 > u1) {                            // block-uniform: no pair sees a key of this chunk
+    if (g.eager) __pipeline_wait_prior(0);  // no copy outlives the block
+    return;
+  }
+  if (!g.eager) stage_tiles(u0, u1);
+
+  const int tp = pairs_per_tile(np);
+  __pipeline_wait_prior(1);  // this thread's q and K copies have landed
+  __syncthreads();           // ... and everyone's
+  if (tp == 1) {
+    chunk_scores<1>(sK, sQ, sP, np, g);
+  } else if (tp == 2) {
+    chunk_scores<2>(sK, sQ, sP, np, g);
+  } else {
+    chunk_scores<4>(sK, sQ, sP, np, g);
+  }
+  __syncthreads();
+
+  // Chunk softmax, one warp per pair, lane j = key j.
+  for (int p = warp; p < np; p += kPartialWarps) {
+    const int j0 = s_j0[p];
+    const int j1 = s_j1[p];
+    if (j0 > j1) continue;  // warp-uniform
+    const bool seen = lane >= j0 && lane <= j1;
+    const float sc = sP[p * kChunk + lane];
+    const float m = warp_max(seen ? sc : -INFINITY);
+    const float e = seen ? expf(sc - m) : 0.0f;
+    const float l = warp_sum(e);
+    sP[p * kChunk + lane] = e;
+    if (lane == 0) {
+      part_ml[2 * s_entry[p]] = m;
+      part_ml[2 * s_entry[p] + 1] = l;
+    }
+  }
+  __pipeline_wait_prior(0);  // V rows
+  __syncthreads();
+  if (tp == 1) {
+    chunk_values<1>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
+  } else if (tp == 2) {
+    chunk_values<2>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
+  } else {
+    chunk_values<4>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
   }
 }
 
-// Combine: one warp per (query, head); merges the partials of the chunks the
-// query sees in increasing chunk order and writes out = acc / l, or a zero row
-// when the query sees no key. Grid: x = groups of kCombineWarps (query, head) pairs.
+// Combine: one block per (query, head) row = qi · H + h; merges the partials of
+// the n chunks the query sees (see the numerics at the top) and writes
+// out = acc / L, or a zero row when the query sees no key. Warp w sums chunks
+// c ≡ w (mod 8); lane `lane` owns dims lane, lane + 32, ...; every warp
+// computes M and L itself (same values). Grid: x = rows.
 template <int NR>
-__global__ void __launch_bounds__(kCombineWarps * 32)
+__global__ void __launch_bounds__(kCombineThreads)
     attention_combine_kernel(const int32_t* __restrict__ q_pos, const float* __restrict__ part_ml,
                              const float* __restrict__ part_acc, float* __restrict__ out,
                              AttnGeom g) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  // Launched as a programmatic dependent of the partials kernel: wait for it
+  // (a no-op when launched without the attribute).
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  static_assert(kCombineWarps == 8, "the fixed sum tree below adds 8 warp sums");
+  __shared__ float s_red[kCombineWarps][kMaxHeadDim];
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int64_t row =
-      static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;  // qi·H + h
-  if (row >= static_cast<int64_t>(g.s) * g.n_heads) return;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int64_t row = blockIdx.x;
   float* o = out + row * g.d;
   const KeyRange r = visible_keys(q_pos[row / g.n_heads], g);
   if (r.lo > r.hi) {
-#pragma unroll
-    for (int i = 0; i < NR; ++i) {
-      const int dim = lane + 32 * i;
-      if (dim < g.d) o[dim] = 0.0f;  // nothing visible: zeros, not 0/0
+    for (int dim = static_cast<int>(threadIdx.x); dim < g.d; dim += kCombineThreads) {
+      o[dim] = 0.0f;  // nothing visible: zeros, not 0/0
     }
     return;
   }
   const int64_t c_lo = floor_div(r.lo, kChunk);
-  const int n_chunks =
+  const int n =
       static_cast<int>(min(floor_div(r.hi, kChunk) - c_lo + 1, static_cast<int64_t>(g.n_slots)));
   const float* ml = part_ml + 2 * row * g.n_slots;
   const float* pa = part_acc + row * g.n_slots * g.d;
 
-  float m = ml[0];
-  float l = ml[1];
+  float m_part = -INFINITY;
+  for (int c = lane; c < n; c += 32) m_part = fmaxf(m_part, ml[2 * c]);
+  const float m = warp_max(m_part);
+  float l_part = 0.0f;
+  for (int c = lane; c < n; c += 32) l_part = fmaf(ml[2 * c + 1], expf(ml[2 * c] - m), l_part);
+  const float l = warp_sum(l_part);
+
   float acc[NR];
 #pragma unroll
-  for (int i = 0; i < NR; ++i) {
-    const int dim = lane + 32 * i;
-    acc[i] = dim < g.d ? pa[dim] : 0.0f;
-  }
-  for (int c = 1; c < n_chunks; ++c) {
-    const float mc = ml[2 * c];
-    const float lc = ml[2 * c + 1];
-    const float m_new = fmaxf(m, mc);
-    const float fa = expf(m - m_new);
-    const float fb = expf(mc - m_new);
-    l = fmaf(l, fa, __fmul_rn(lc, fb));
-    const float* ac = pa + static_cast<int64_t>(c) * g.d;
+  for (int i = 0; i < NR; ++i) acc[i] = 0.0f;
+  // acc[i] += w_c · acc_c[dim] over this warp's chunks in increasing c; the
+  // main loop loads 4 chunks before using them (more loads in flight), the
+  // tail takes the rest one by one. Dims past d (only in the last i, as
+  // NR = ceil(d / 32)) re-read dim d - 1: unconditional loads, never stored.
+  auto chunk_dims = [&](int c, float(&x)[NR]) {
+    const float* a = pa + static_cast<int64_t>(c) * g.d;
 #pragma unroll
-    for (int i = 0; i < NR; ++i) {
-      const int dim = lane + 32 * i;
-      if (dim < g.d) acc[i] = fmaf(acc[i], fa, __fmul_rn(ac[dim], fb));
+    for (int i = 0; i < NR; ++i) x[i] = a[min(lane + 32 * i, g.d - 1)];
+  };
+  constexpr int kAhead = 4;
+  int c = warp;
+  for (; c + (kAhead - 1) * kCombineWarps < n; c += kAhead * kCombineWarps) {
+    float x[kAhead][NR];
+    float w[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      w[u] = ml[2 * (c + u * kCombineWarps)];
+      chunk_dims(c + u * kCombineWarps, x[u]);
     }
-    m = m_new;
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      const float wu = expf(w[u] - m);
+#pragma unroll
+      for (int i = 0; i < NR; ++i) acc[i] = fmaf(wu, x[u][i], acc[i]);
+    }
+  }
+  for (; c < n; c += kCombineWarps) {
+    float x[NR];
+    chunk_dims(c, x);
+    const float w = expf(ml[2 * c] - m);
+#pragma unroll
+    for (int i = 0; i < NR; ++i) acc[i] = fmaf(w, x[i], acc[i]);
   }
 #pragma unroll
   for (int i = 0; i < NR; ++i) {
     const int dim = lane + 32 * i;
-    if (dim < g.d) o[dim] = acc[i] / l;
+    if (dim < g.d) s_red[warp][dim] = acc[i];
+  }
+  __syncthreads();
+  for (int dim = static_cast<int>(threadIdx.x); dim < g.d; dim += kCombineThreads) {
+    const float s03 =
+        __fadd_rn(__fadd_rn(s_red[0][dim], s_red[1][dim]), __fadd_rn(s_red[2][dim], s_red[3][dim]));
+    const float s47 =
+        __fadd_rn(__fadd_rn(s_red[4][dim], s_red[5][dim]), __fadd_rn(s_red[6][dim], s_red[7][dim]));
+    o[dim] = __fdiv_rn(__fadd_rn(s03, s47), l);
   }
 }
 
-// Launches both kernels for one tile of queries (partials only when there are keys).
+// The partials kernel may use up to kMaxPartialsSmem of dynamic shared memory;
+// raise its limit once per device (an attribute of the function per context).
+void allow_partials_smem(int device) {
+  static std::atomic<uint64_t> done{0};
+  const uint64_t bit = device >= 0 && device < 64 ? uint64_t{1} << device : 0;
+  if (bit != 0 && (done.load(std::memory_order_relaxed) & bit) != 0) return;
+  check_cuda(
+      cudaFuncSetAttribute(attention_partials_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kMaxPartialsSmem)),
+      "cudaFuncSetAttribute(attention_partials_kernel)");
+  done.fetch_or(bit, std::memory_order_relaxed);
+}
+
+void launch_partials(const float* q, const float* k, const float* v, const int32_t* q_pos,
+                     float* part_ml, float* part_acc, const AttnGeom& g, int64_t n_chunks,
+                     cudaStream_t stream) {
+  const int64_t pairs = int64_t{g.s} * g.group;
+  const dim3 grid(static_cast<unsigned>(n_chunks), static_cast<unsigned>(g.n_kv),
+                  static_cast<unsigned>((pairs + g.pair_tile - 1) / g.pair_tile));
+  attention_partials_kernel<<<grid, kPartialThreads, partials_smem_bytes(g.d, g.pair_tile),
+                              stream>>>(q, k, v, q_pos, part_ml, part_acc, g);
+  check_cuda(cudaGetLastError(), "attention_partials_kernel");
+}
+
+// One combine block per (query, head) row; `after_partials`: launched as a
+// programmatic dependent of the partials kernel just queued.
 template <int NR>
-void launch_attention(const float* q, const float* k, const float* v, const int32_t* q_pos,
-                      float* part_ml, float* part_acc, float* out, const AttnGeom& g,
-                      cudaStream_t stream) {
-  if (g.n_slots > 0) {
-    const int64_t pairs = static_cast<int64_t>(g.s) * g.group;
-    const int warps = static_cast<int>(std::min<int64_t>(pairs, kPartialWarps));
-    const dim3 grid(static_cast<unsigned>(g.n_slots), static_cast<unsigned>(g.n_kv),
-                    static_cast<unsigned>((pairs + warps - 1) / warps));
-    attention_partials_kernel<NR>
-        <<<grid, warps * 32, 0, stream>>>(q, k, v, q_pos, part_ml, part_acc, g);
-    check_cuda(cudaGetLastError(), "attention_partials_kernel");
-  }
-  const int64_t rows = static_cast<int64_t>(g.s) * g.n_heads;
-  attention_combine_kernel<NR><<<blocks_for(rows, kCombineWarps), kCombineWarps * 32, 0, stream>>>(
-      q_pos, part_ml, part_acc, out, g);
+void launch_combine(const int32_t* q_pos, const float* part_ml, const float* part_acc, float* out,
+                    const AttnGeom& g, bool after_partials, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(int64_t{g.s} * g.n_heads));
+  cfg.blockDim = dim3(kCombineThreads);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = after_partials ? 1 : 0;
+  check_cuda(
+      cudaLaunchKernelEx(&cfg, attention_combine_kernel<NR>, q_pos, part_ml, part_acc, out, g),
+      "attention_combine_kernel");
   check_cuda(cudaGetLastError(), "attention_combine_kernel");
 }
 
 template <int... NRs>
-void dispatch_lane_dims(int nr, std::integer_sequence<int, NRs...>, const float* q, const float* k,
-                        const float* v, const int32_t* q_pos, float* part_ml, float* part_acc,
-                        float* out, const AttnGeom& g, cudaStream_t stream) {
+void dispatch_combine(int nr, std::integer_sequence<int, NRs...>, const int32_t* q_pos,
+                      const float* part_ml, const float* part_acc, float* out, const AttnGeom& g,
+                      bool after_partials, cudaStream_t stream) {
   // Exactly one NR + 1 matches (nr is in [1, kMaxLaneDims], checked by the caller).
-  ((nr == NRs + 1 ? launch_attention<NRs + 1>(q, k, v, q_pos, part_ml, part_acc, out, g, stream)
-                  : void()),
+  ((nr == NRs + 1
+        ? launch_combine<NRs + 1>(q_pos, part_ml, part_acc, out, g, after_partials, stream)
+        : void()),
    ...);
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
 bool ranges_overlap(const Tensor& a, const Tensor& b) {
@@ -372,22 +624,28 @@ void CudaBackend::attention(const AttentionParams& p) {
   g.n_kv = static_cast<int>(n_kv);
   g.group = static_cast<int>(n_heads / n_kv);
   g.d = static_cast<int>(d);
+  g.ld = smem_row_floats(g.d);
   g.t = t_len;
   g.k_pos0 = p.k_pos0;
   g.ring = ring ? p.k.dim(0) : 0;
+  g.c_first = floor_div(p.k_pos0, kChunk);
   g.window = p.window;
   g.causal = p.causal;
+  g.vec4 = d % 4 == 0 && aligned16(p.q.data()) && aligned16(p.k.data()) && aligned16(p.v.data());
   g.scale = p.scale;
-  // Slots per (query, head): the chunks a visible range can touch, bounded by
-  // the chunks the key tensor touches and, for a causal window, by the window
-  // length (a range of w positions touches at most (w + kChunk - 2) / kChunk + 1
-  // chunks; without causality a window bounds only the start of the range).
-  int64_t n_slots = 0;
-  if (t_len > 0) {
-    n_slots = floor_div(p.k_pos0 + t_len - 1, kChunk) - floor_div(p.k_pos0, kChunk) + 1;
-    if (p.causal && p.window > 0) {
-      n_slots = std::min<int64_t>(n_slots, (p.window + kChunk - 2) / kChunk + 1);
-    }
+  // Chunks the key tensor touches (the partials grid), and slots per (query,
+  // head): the chunks a visible range can touch, bounded by those and, for a
+  // causal window, by the window length (a range of w positions touches at
+  // most (w + kChunk - 2) / kChunk + 1 chunks; without causality a window
+  // bounds only the start of the range).
+  const int64_t n_chunks = t_len > 0 ? floor_div(p.k_pos0 + t_len - 1, kChunk) - g.c_first + 1 : 0;
+  if (n_chunks > INT_MAX) {
+    fail("attention: k {} spans {} chunks of {} keys, more than the CUDA kernels support",
+         p.k.describe(), n_chunks, kChunk);
+  }
+  int64_t n_slots = n_chunks;
+  if (p.causal && p.window > 0) {
+    n_slots = std::min<int64_t>(n_slots, (p.window + kChunk - 2) / kChunk + 1);
   }
   g.n_slots = static_cast<int>(n_slots);
 
@@ -396,19 +654,22 @@ void CudaBackend::attention(const AttentionParams& p) {
   const size_t per_query = static_cast<size_t>(n_heads) * static_cast<size_t>(n_slots) *
                            static_cast<size_t>(d + 2) * sizeof(float);
   int64_t tile = s_len;
-  float* part_ml = nullptr;
-  float* part_acc = nullptr;
+  void* base = nullptr;
   if (per_query > 0) {
     const size_t bytes = std::max(kPartialsBudget, per_query);
-    void* base = scratch(attn_partials_, bytes);
+    base = scratch(attn_partials_, bytes);
     tile = std::min<int64_t>(s_len, static_cast<int64_t>(bytes / per_query));
-    part_ml = static_cast<float*>(base);
-    // acc after the (m, l) pairs of a full tile; 2·tile·H·slots floats keep it 8-byte aligned.
-    part_acc = part_ml + 2 * tile * n_heads * n_slots;
   }
-  // Grid z of the partials kernel is at most 65535 blocks of kPartialWarps pairs.
-  tile = std::min<int64_t>(tile, int64_t{65535} * kPartialWarps / g.group);
+  // Grid z of the partials kernel is at most 65535 pair tiles; the combine grid
+  // (x = tile · H blocks) at most INT_MAX.
+  tile = std::min<int64_t>(tile, int64_t{65535} * kPairTile / g.group);
+  tile = std::min<int64_t>(tile, int64_t{INT_MAX} / n_heads);
   tile = std::max<int64_t>(tile, 1);
+  // acc [tile·H·slots][D] first (16-byte aligned rows when D % 4 == 0), then
+  // the (m, l) pairs.
+  auto* part_acc = static_cast<float*>(base);
+  float* part_ml = part_acc == nullptr ? nullptr : part_acc + tile * n_heads * n_slots * d;
+  if (n_chunks > 0) allow_partials_smem(device_index());
 
   const int nr = static_cast<int>((d + 31) / 32);
   const auto* q = p.q.data_as<const float>();
@@ -418,9 +679,16 @@ void CudaBackend::attention(const AttentionParams& p) {
   auto* out = p.out.data_as<float>();
   for (int64_t s0 = 0; s0 < s_len; s0 += tile) {
     g.s = static_cast<int>(std::min(tile, s_len - s0));
+    g.pair_tile = static_cast<int>(std::min<int64_t>(kPairTile, int64_t{g.s} * g.group));
+    // Decode and verify windows (one pair tile): their keys are nearly all
+    // visible, so staging a chunk's rows before knowing the ranges wastes little.
+    g.eager = int64_t{g.s} * g.group <= kPairTile;
     const int64_t offset = s0 * n_heads * d;
-    dispatch_lane_dims(nr, std::make_integer_sequence<int, kMaxLaneDims>{}, q + offset, k, v,
-                       pos + s0, part_ml, part_acc, out + offset, g, stream());
+    if (n_chunks > 0) {
+      launch_partials(q + offset, k, v, pos + s0, part_ml, part_acc, g, n_chunks, stream());
+    }
+    dispatch_combine(nr, std::make_integer_sequence<int, kMaxLaneDims>{}, pos + s0, part_ml,
+                     part_acc, out + offset, g, /*after_partials=*/n_chunks > 0, stream());
   }
 }
 
