@@ -87,6 +87,12 @@ class Backend : public MemoryResource {
 
   // y[M, N] = x[M, K] · w[N, K]ᵀ. x, y f32; w f32|bf16|f16. y must not alias x.
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
+  // linear() for prompt prefill: a backend may use a faster path that is
+  // deterministic but not batch invariant (CUDA: cuBLASLt from 17 rows). Never
+  // for products whose rows must match a decode step bit for bit.
+  virtual void linear_prefill(const Tensor& x, const Tensor& w, const Tensor& y) {
+    linear(x, w, y);
+  }
   // out[n, :] = table[ids[n], :] · scale. table [V, H] any float; ids i32 [N]; out f32 [N, H].
   // An id outside [0, V) throws naming the id.
   virtual void embedding(const Tensor& table, const Tensor& ids, float scale,

@@ -223,6 +223,31 @@ TEST(CudaLinearPrefill, DeterministicAndAllocationFree) {
   }
 }
 
+// linear_prefill: cuBLASLt above kPrefillGemmRows rows (bf16 activations, so the
+// cuBLASLt tolerance), the invariant kernel at or below it (bit-equal to linear).
+TEST(CudaLinearPrefill, PrefillPathMatchesCpuAndSmallOnesStayInvariant) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t n = 512, k = 2048;
+  for (int64_t m : {int64_t{4}, cuda::kPrefillGemmRows, int64_t{17}, int64_t{64}, int64_t{200}}) {
+    Twin x(DType::kF32, {m, k});
+    x.randomize(51);
+    Twin w(DType::kBF16, {n, k});
+    w.randomize(52, -0.5f, 0.5f);
+    Twin y = poisoned_output({m, n});
+    gpu_be().linear_prefill(x.dev, w.dev, y.dev);
+    const HostTensor got = y.pull();
+    HostTensor want(DType::kF32, {m, n});
+    cpu_be().linear(x.host, w.host, want);
+    const float tol = m > cuda::kPrefillGemmRows ? kLtTol : kInvariantTol;
+    expect_close(got, want, tol, ("linear_prefill M=" + std::to_string(m)).c_str());
+    if (m <= cuda::kPrefillGemmRows) {
+      Twin y2 = poisoned_output({m, n});
+      gpu_be().linear(x.dev, w.dev, y2.dev);
+      EXPECT_TRUE(same_bits(got.data<float>(), y2.pull().data<float>(), m * n)) << "M=" << m;
+    }
+  }
+}
+
 // K = 0: an empty sum, y = 0 on both paths.
 TEST(CudaLinearEdge, EmptyReductionGivesZeros) {
   SKIP_WITHOUT_CUDA();

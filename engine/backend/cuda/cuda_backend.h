@@ -32,6 +32,8 @@ void check_cublas(cublasStatus_t status, const char* what);
 
 // Rows at or below which linear() uses the batch-invariant kernel.
 inline constexpr int64_t kInvariantRows = 256;
+// Rows above which linear_prefill() uses cuBLASLt.
+inline constexpr int64_t kPrefillGemmRows = 16;
 
 class CudaBackend final : public Backend {
  public:
@@ -55,6 +57,7 @@ class CudaBackend final : public Backend {
 
   // ---- products (cuda_linear.cu) ----
   void linear(const Tensor& x, const Tensor& w, const Tensor& y) override;
+  void linear_prefill(const Tensor& x, const Tensor& w, const Tensor& y) override;
   void embedding(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override;
 
   // ---- attention (cuda_attention.cu) ----
@@ -103,6 +106,8 @@ class CudaBackend final : public Backend {
   int64_t reserved_keys_ = 0;
 
  private:
+  void linear_rows_above(const Tensor& x, const Tensor& w, const Tensor& y, int64_t gemm_rows);
+
   int device_index_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;

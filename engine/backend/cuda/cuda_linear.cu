@@ -611,6 +611,18 @@ void check_no_alias(const char* op, const char* out_name, const Tensor& out, con
 // must not overlap x or w. Batch-invariant for M <= kInvariantRows (see top).
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   OpTimer timer(*this, "linear");
+  linear_rows_above(x, w, y, kInvariantRows);
+}
+
+void CudaBackend::linear_prefill(const Tensor& x, const Tensor& w, const Tensor& y) {
+  OpTimer timer(*this, "linear_prefill");
+  linear_rows_above(x, w, y, kPrefillGemmRows);
+}
+
+// Products of more than `gemm_rows` rows go through cuBLASLt, the rest through
+// the batch-invariant kernel.
+void CudaBackend::linear_rows_above(const Tensor& x, const Tensor& w, const Tensor& y,
+                                    int64_t gemm_rows) {
   constexpr const char* kOp = "linear";
   check_on(*this, kOp, "x", x);
   check_on(*this, kOp, "w", w);
@@ -643,7 +655,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
     fail("linear: x {} or w {} is too large for the GPU kernels (M, N and K must stay below 2^31)",
          x.describe(), w.describe());
   }
-  if (m > kInvariantRows && linear_lt(*this, x, w, y)) return;
+  if (m > gemm_rows && linear_lt(*this, x, w, y)) return;
   const float* xp = x.data_as<const float>();
   float* yp = y.data_as<float>();
   switch (w.dtype()) {

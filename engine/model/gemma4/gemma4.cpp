@@ -337,7 +337,7 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
   be.embedding(weights_.embed_tokens, s.ids, embed_scale_, s.h);
   if (P > 0) {
     be.embedding(weights_.embed_tokens_per_layer, s.ids, ple_embed_scale_, s.ple_tok);
-    be.linear(s.h, weights_.per_layer_model_projection, s.ple_ctx);
+    product(s.h, weights_.per_layer_model_projection, s.ple_ctx, options);
     be.scale(s.ple_ctx, 1.0f / std::sqrt(static_cast<float>(H)), s.ple_ctx);
     Tensor ctx_rows = s.ple_ctx.reshape({M * L, P});
     be.rms_norm(ctx_rows, weights_.per_layer_projection_norm, static_cast<float>(c.rms_norm_eps),
@@ -410,7 +410,7 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
   output_.hidden = s.out_hidden;
   output_.logits = Tensor();
   if (options.compute_logits) {
-    be.linear(s.out_hidden, weights_.embed_tokens, s.logits);
+    product(s.out_hidden, weights_.embed_tokens, s.logits, options);
     if (c.final_logit_softcapping)
       be.softcap(s.logits, static_cast<float>(*c.final_logit_softcapping), s.logits);
     output_.logits = s.logits;
@@ -423,6 +423,15 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
 
   for (size_t r = 0; r < rows.size(); ++r) rows[r].kv->commit(plans_[r].n);
   return output_;
+}
+
+void Gemma4Model::product(const Tensor& x, const Tensor& w, const Tensor& y,
+                          const ForwardOptions& options) {
+  if (options.prefill) {
+    backend_->linear_prefill(x, w, y);
+  } else {
+    backend_->linear(x, w, y);
+  }
 }
 
 void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<RowPlan> plans,
@@ -445,18 +454,18 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
   // 1. Attention block (§4 step 1, §4.2).
   be.rms_norm(s.h, w.input_layernorm, eps, s.xn);
   Tensor q = Tensor(s.q.data(), DType::kF32, {M, Nh * D}, s.q.device());
-  be.linear(s.xn, w.q_proj, q);
+  product(s.xn, w.q_proj, q, options);
   be.rms_norm(q.reshape({M * Nh, D}), w.q_norm, eps, q.reshape({M * Nh, D}));
   be.rope(q.reshape({M, Nh, D}), s.positions, inv_freq);
 
   if (!spec.kv_shared) {
     Tensor k = Tensor(s.k.data(), DType::kF32, {M, KV * D}, s.k.device());
     Tensor v = Tensor(s.v.data(), DType::kF32, {M, KV * D}, s.v.device());
-    be.linear(s.xn, w.k_proj, k);
+    product(s.xn, w.k_proj, k, options);
     if (spec.k_eq_v) {
       be.copy(k, v);  // V derives from the raw K projection (attention_k_eq_v)
     } else {
-      be.linear(s.xn, w.v_proj, v);
+      product(s.xn, w.v_proj, v, options);
     }
     be.rms_norm(k.reshape({M * KV, D}), w.k_norm, eps, k.reshape({M * KV, D}));
     be.rope(k.reshape({M, KV, D}), s.positions, inv_freq);
@@ -529,7 +538,7 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
     ap.scale = 1.0f;  // Gemma 4 normalises q and k instead of scaling (§2.5)
     be.attention(ap);
   }
-  be.linear(attn, w.o_proj, s.o);
+  product(attn, w.o_proj, s.o, options);
   be.rms_norm_add(s.o, w.post_attention_layernorm, eps, s.h);
 
   // 2-4. Feed-forward: dense MLP, plus the routed experts on MoE layers (§4, §6).
@@ -537,16 +546,16 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
   Tensor gate = Tensor(s.gate.data(), DType::kF32, {M, I}, s.gate.device());
   Tensor up = Tensor(s.up.data(), DType::kF32, {M, I}, s.up.device());
   be.rms_norm(s.h, w.pre_feedforward_layernorm, eps, s.xn);
-  be.linear(s.xn, w.gate_proj, gate);
-  be.linear(s.xn, w.up_proj, up);
+  product(s.xn, w.gate_proj, gate, options);
+  product(s.xn, w.up_proj, up, options);
   be.gelu_mul(gate, up, gate);
-  be.linear(gate, w.down_proj, s.o);
+  product(gate, w.down_proj, s.o, options);
   if (c.enable_moe_block) {
     be.rms_norm(s.o, w.post_feedforward_layernorm_1, eps, s.o);
     // Router reads the un-normed residual: norm without scale, × router.scale, × H^-½.
     be.rms_norm(s.h, w.router_scale, eps, s.moe_x);
     be.scale(s.moe_x, 1.0f / std::sqrt(static_cast<float>(H)), s.moe_x);
-    be.linear(s.moe_x, w.router_proj, s.moe_logits);
+    product(s.moe_x, w.router_proj, s.moe_logits, options);
     be.moe_route({.logits = s.moe_logits,
                   .per_expert_scale = w.router_per_expert_scale,
                   .expert_ids = s.moe_ids,
@@ -568,10 +577,10 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
 
   // 5. Per-layer input (§4 step 5).
   if (c.has_ple()) {
-    be.linear(s.h, w.per_layer_input_gate, s.ple_gate);
+    product(s.h, w.per_layer_input_gate, s.ple_gate, options);
     be.gelu(s.ple_gate, s.ple_gate);
     be.mul(s.ple_gate, s.ple.row(l), s.ple_gate);
-    be.linear(s.ple_gate, w.per_layer_projection, s.o);
+    product(s.ple_gate, w.per_layer_projection, s.o, options);
     be.rms_norm_add(s.o, w.post_per_layer_input_norm, eps, s.h, layer_scalar);
   }
   (void)options;

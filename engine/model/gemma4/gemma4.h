@@ -37,6 +37,11 @@ struct ForwardOptions {
   // Keep the donor K/V of row 0 as used by this forward (positions visible to its
   // last token), per layer type.
   bool capture_donor_kv = false;
+  // Every row is a prompt prefill: products may take the backend's faster,
+  // not batch-invariant path (Backend::linear_prefill). Results then differ
+  // slightly from decoding the same tokens one step at a time, so set it only
+  // where every run of a request prefills the same way (the decoder's prefill).
+  bool prefill = false;
 };
 
 // Results of one forward. Views (on the model's device) point into its scratch and stay valid
@@ -112,6 +117,8 @@ class Gemma4Model {
   struct RowPlan;
   void run_layer(int layer, std::span<const ForwardRow> rows, std::span<RowPlan> plans,
                  const ForwardOptions& options);
+  // linear() or, for prefill forwards, linear_prefill().
+  void product(const Tensor& x, const Tensor& w, const Tensor& y, const ForwardOptions& options);
 
   std::string path_;
   Gemma4Config config_;
