@@ -102,3 +102,35 @@ TEST(CpuBackendMemory, Transpose01SwapsTheLeadingDimensions) {
 
 }  // namespace
 }  // namespace specula
+
+namespace specula {
+namespace {
+
+// The composed ops every backend inherits: rms_norm_add is rms_norm, add and
+// scale in that order (bit for bit), linear_prefill is linear on the CPU.
+TEST(BackendDefaults, RmsNormAddAndLinearPrefillComposeTheBaseOps) {
+  Backend& cpu = backend_for(Device::cpu());
+  HostTensor x(DType::kF32, {3, 40}), residual(DType::kF32, {3, 40}), w(DType::kBF16, {40});
+  cpu.fill_uniform(x, 1, -2.0f, 2.0f);
+  cpu.fill_uniform(residual, 2, -1.0f, 1.0f);
+  cpu.fill_uniform(w, 3, 0.5f, 1.5f);
+  HostTensor x2(DType::kF32, {3, 40}), r2(DType::kF32, {3, 40});
+  cpu.copy(x, x2);
+  cpu.copy(residual, r2);
+  cpu.rms_norm(x2, w, 1e-6f, x2);
+  cpu.add(r2, x2, r2);
+  cpu.scale(r2, 0.75f, r2);
+  cpu.rms_norm_add(x, w, 1e-6f, residual, 0.75f);
+  EXPECT_EQ(std::memcmp(residual.view().data(), r2.view().data(), r2.view().nbytes()), 0);
+
+  HostTensor a(DType::kF32, {20, 40}), y1(DType::kF32, {20, 3}), y2(DType::kF32, {20, 3});
+  HostTensor m(DType::kBF16, {3, 40});
+  cpu.fill_uniform(a, 4, -1.0f, 1.0f);
+  cpu.fill_uniform(m, 5, -1.0f, 1.0f);
+  cpu.linear(a, m, y1);
+  cpu.linear_prefill(a, m, y2);
+  EXPECT_EQ(std::memcmp(y1.view().data(), y2.view().data(), y1.view().nbytes()), 0);
+}
+
+}  // namespace
+}  // namespace specula
