@@ -3,8 +3,8 @@
 // decoder layer's products, attention, norms), to see where a decode step's
 // time goes. Reports time per call and, for products, the weight bandwidth.
 //   bench_ops --device cuda --preset 31b --rows 1 5 8 64
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -70,9 +70,9 @@ int main(int argc, char** argv) {
       const char* name;
       int64_t n, k;
     };
-    const std::vector<Product> products = {{"q_proj", Nh * D, H},   {"k_proj", KV * D, H},
-                                           {"o_proj", H, Nh * D},   {"gate_proj", I, H},
-                                           {"down_proj", H, I},     {"lm_head", c.vocab_size, H}};
+    const std::vector<Product> products = {{"q_proj", Nh * D, H}, {"k_proj", KV * D, H},
+                                           {"o_proj", H, Nh * D}, {"gate_proj", I, H},
+                                           {"down_proj", H, I},   {"lm_head", c.vocab_size, H}};
     fmt::print("preset {} on {}: H {} heads {}/{} D {} I {} V {}\n", preset, be.name(), H, Nh, KV,
                D, I, c.vocab_size);
     fmt::print("{:<10} {:>5} {:>10} {:>10}\n", "op", "rows", "us/call", "GB/s(w)");
@@ -81,7 +81,8 @@ int main(int argc, char** argv) {
       for (int m : rows) {
         Tensor x = buf.make(DType::kF32, {m, p.k}, 2);
         Tensor y = buf.make(DType::kF32, {m, p.n}, 3);
-        const double t = time_per_call(be, [&] { be.linear(x, w, y); }, reps);
+        const double t = time_per_call(
+            be, [&] { be.linear(x, w, y); }, reps);
         fmt::print("{:<10} {:>5} {:>10.1f} {:>10.0f}\n", p.name, m, t * 1e6,
                    static_cast<double>(w.nbytes()) / t / 1e9);
         buf.owned.pop_back();
@@ -99,18 +100,29 @@ int main(int argc, char** argv) {
       std::vector<int32_t> p(static_cast<size_t>(m));
       for (int i = 0; i < m; ++i) p[static_cast<size_t>(i)] = context + i;
       be.upload(p.data(), pos);
-      AttentionParams ap{.q = q, .k = k, .v = v, .out = o, .q_positions = pos, .k_pos0 = 0,
-                         .causal = true, .window = c.sliding_window, .scale = 1.0f};
-      const double t = time_per_call(be, [&] { be.attention(ap); }, reps);
+      AttentionParams ap{.q = q,
+                         .k = k,
+                         .v = v,
+                         .out = o,
+                         .q_positions = pos,
+                         .k_pos0 = 0,
+                         .causal = true,
+                         .window = c.sliding_window,
+                         .scale = 1.0f};
+      const double t = time_per_call(
+          be, [&] { be.attention(ap); }, reps);
       fmt::print("{:<10} {:>5} {:>10.1f} {:>10.0f}\n", "attention", m, t * 1e6,
                  static_cast<double>(k.nbytes() * 2) / t / 1e9);
       Tensor h = buf.make(DType::kF32, {m, H}, 8);
       Tensor nw = buf.make(DType::kBF16, {H}, 9);
-      const double tn = time_per_call(be, [&] { be.rms_norm(h, nw, 1e-6f, h); }, reps);
+      const double tn = time_per_call(
+          be, [&] { be.rms_norm(h, nw, 1e-6f, h); }, reps);
       fmt::print("{:<10} {:>5} {:>10.1f}\n", "rms_norm", m, tn * 1e6);
-      const double ta = time_per_call(be, [&] { be.add(h, h, h); }, reps);
+      const double ta = time_per_call(
+          be, [&] { be.add(h, h, h); }, reps);
       fmt::print("{:<10} {:>5} {:>10.1f}\n", "add", m, ta * 1e6);
-      const double tc = time_per_call(be, [&] { be.copy(q, o); }, reps);
+      const double tc = time_per_call(
+          be, [&] { be.copy(q, o); }, reps);
       fmt::print("{:<10} {:>5} {:>10.1f}\n", "copy", m, tc * 1e6);
     }
   } catch (const std::exception& e) {

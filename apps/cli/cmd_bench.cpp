@@ -215,10 +215,9 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
     const gemma4::Gemma4Config& c = m.target->config();
     const auto t1 = std::chrono::steady_clock::now();
     m.draft_dir = fmt::format("random:{}", a.seed + 1);
-    m.drafter = assistant::AssistantDrafter::random(assistant::assistant_config_for(c), c,
-                                                    m.target->backend(), a.seed + 1,
-                                                    /*centroid_head=*/a.draft_head == "centroid" ||
-                                                        (a.draft_head == "auto" && c.has_ple()));
+    m.drafter = assistant::AssistantDrafter::random(
+        assistant::assistant_config_for(c), c, m.target->backend(), a.seed + 1,
+        /*centroid_head=*/a.draft_head == "centroid" || (a.draft_head == "auto" && c.has_ple()));
     if (!quiet) {
       fmt::print(stderr, "drafter: random ({} layers, hidden {}, {}; {:.2f} s)\n",
                  m.drafter->config().text.num_hidden_layers, m.drafter->config().text.hidden_size,

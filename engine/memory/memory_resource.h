@@ -68,8 +68,8 @@ class CachingPool final : public MemoryResource {
  private:
   MemoryResource& upstream_;
   mutable std::mutex mutex_;
-  std::map<void*, size_t> live_;            // handed out: pointer -> size
-  std::multimap<size_t, void*> free_;       // cached: size -> pointer
+  std::map<void*, size_t> live_;       // handed out: pointer -> size
+  std::multimap<size_t, void*> free_;  // cached: size -> pointer
   int64_t upstream_allocations_ = 0;
 };
 

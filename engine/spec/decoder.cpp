@@ -117,7 +117,8 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
   std::vector<float> logits_host, hidden_host, draft_logits_host;
   auto on_host = [&](const Tensor& t, std::vector<float>* staging) -> const float* {
     if (t.device().is_cpu()) return t.data_as<const float>();
-    if (staging->size() < static_cast<size_t>(t.numel())) staging->resize(static_cast<size_t>(t.numel()));
+    if (staging->size() < static_cast<size_t>(t.numel()))
+      staging->resize(static_cast<size_t>(t.numel()));
     be.download(t, staging->data());
     return staging->data();
   };
@@ -201,7 +202,8 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
         r.pending = sample_token(logits, history_of(r), r.request->params, ws, r.rng);
       }
       if (drafter) {
-        std::memcpy(r.hidden.data(), prefill_hidden + i * H, static_cast<size_t>(H) * sizeof(float));
+        std::memcpy(r.hidden.data(), prefill_hidden + i * H,
+                    static_cast<size_t>(H) * sizeof(float));
       }
       emit(i, r.pending);
       notify(i, 0);

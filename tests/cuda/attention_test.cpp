@@ -488,7 +488,8 @@ TEST(CudaAttention, RingLayoutEqualsContiguousKeys) {
       const HostTensor contiguous_cpu = cpu_attention(q, k, v, pos, k_pos0, true, window, 1.0f);
 
       Twin out(DType::kF32, {s, n_heads, d});
-      AttentionParams ap = params(q.dev, rk.dev, rv.dev, out.dev, pos.dev, k_pos0, true, window, 1.0f);
+      AttentionParams ap =
+          params(q.dev, rk.dev, rv.dev, out.dev, pos.dev, k_pos0, true, window, 1.0f);
       ap.ring_keys = t;
       gpu_be().attention(ap);
       const HostTensor ring_gpu = out.pull();
@@ -523,12 +524,14 @@ TEST(CudaAttention, FastPrefillMatchesCpu) {
     k.randomize(22);
     v.randomize(23);
     std::vector<int32_t> positions;
-    for (int64_t i = 0; i < c.s; ++i) positions.push_back(static_cast<int32_t>(c.k_pos0 + c.t - c.s + i));
+    for (int64_t i = 0; i < c.s; ++i)
+      positions.push_back(static_cast<int32_t>(c.k_pos0 + c.t - c.s + i));
     if (c.window > 0) positions[0] = static_cast<int32_t>(c.k_pos0 - c.window - 5);  // sees nothing
     const Twin pos = positions_twin(positions);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
     Twin out(DType::kF32, {c.s, c.heads, c.d});
-    AttentionParams ap = params(q.dev, k.dev, v.dev, out.dev, pos.dev, c.k_pos0, true, c.window, scale);
+    AttentionParams ap =
+        params(q.dev, k.dev, v.dev, out.dev, pos.dev, c.k_pos0, true, c.window, scale);
     ap.allow_fast_prefill = true;
     gpu_be().attention(ap);
     const HostTensor got = out.pull();

@@ -16,13 +16,17 @@
 
 namespace specula::test {
 
-#define SKIP_WITHOUT_CUDA()                                           \
-  do {                                                                \
+#define SKIP_WITHOUT_CUDA()                                             \
+  do {                                                                  \
     if (!::specula::cuda_available()) GTEST_SKIP() << "no CUDA device"; \
   } while (0)
 
-inline Backend& cpu_be() { return backend_for(Device::cpu()); }
-inline Backend& gpu_be() { return backend_for(Device::cuda(0)); }
+inline Backend& cpu_be() {
+  return backend_for(Device::cpu());
+}
+inline Backend& gpu_be() {
+  return backend_for(Device::cuda(0));
+}
 
 // A host tensor and its device twin.
 struct Twin {

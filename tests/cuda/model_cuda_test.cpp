@@ -164,7 +164,8 @@ TEST(CudaEmbedded, SpeculationMatchesPlainAndStartsLikeTheCpu) {
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP();
   auto gpu = gemma4::Gemma4Model::load(dir, on_cuda());
   auto cpu = gemma4::Gemma4Model::load(dir);
-  auto drafter = assistant::AssistantDrafter::load(dir + "-assistant", gpu->config(), gpu->backend());
+  auto drafter =
+      assistant::AssistantDrafter::load(dir + "-assistant", gpu->config(), gpu->backend());
   assistant::AssistantDraftSource source(*gpu, *drafter);
   // Logits of golden prompt 0 against transformers (bf16 weights, f32 math).
   if (have("embedded")) {

@@ -67,26 +67,27 @@ void batched_matmul(CudaBackend& be, bool trans_a, bool trans_b, int64_t m, int6
   check_cublas(cublasLtMatmulDescSetAttribute(h.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)),
                "cublasLtMatmulDescSetAttribute(TRANSB)");
   // Stored shapes: A is (trans_a ? k×m : m×k), B is (trans_b ? n×k : k×n).
-  h.a = strided_layout(static_cast<uint64_t>(trans_a ? k : m), static_cast<uint64_t>(trans_a ? m : k),
-                       lda, batch, stride_a);
-  h.b = strided_layout(static_cast<uint64_t>(trans_b ? n : k), static_cast<uint64_t>(trans_b ? k : n),
-                       ldb, batch, stride_b);
+  h.a = strided_layout(static_cast<uint64_t>(trans_a ? k : m),
+                       static_cast<uint64_t>(trans_a ? m : k), lda, batch, stride_a);
+  h.b = strided_layout(static_cast<uint64_t>(trans_b ? n : k),
+                       static_cast<uint64_t>(trans_b ? k : n), ldb, batch, stride_b);
   h.c = strided_layout(static_cast<uint64_t>(m), static_cast<uint64_t>(n), ldc, batch, stride_c);
   const size_t workspace = size_t{32} << 20;
   void* ws = be.scratch(be.lt_workspace_, workspace);
   check_cublas(cublasLtMatmulPreferenceCreate(&h.pref), "cublasLtMatmulPreferenceCreate");
-  check_cublas(cublasLtMatmulPreferenceSetAttribute(h.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                    &workspace, sizeof(workspace)),
+  check_cublas(cublasLtMatmulPreferenceSetAttribute(
+                   h.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace)),
                "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   check_cublas(cublasLtMatmulAlgoGetHeuristic(be.lt_handle(), h.desc, h.a, h.b, h.c, h.c, h.pref, 1,
                                               &result, &found),
                "cublasLtMatmulAlgoGetHeuristic (prefill attention)");
-  if (found == 0) fail("cublasLt: no algorithm for the prefill attention product {}x{}x{}", m, n, k);
+  if (found == 0)
+    fail("cublasLt: no algorithm for the prefill attention product {}x{}x{}", m, n, k);
   const float beta = 0.0f;
-  check_cublas(cublasLtMatmul(be.lt_handle(), h.desc, &alpha, a, h.a, b, h.b, &beta, c, h.c, c,
-                              h.c, &result.algo, ws, workspace, be.stream()),
+  check_cublas(cublasLtMatmul(be.lt_handle(), h.desc, &alpha, a, h.a, b, h.b, &beta, c, h.c, c, h.c,
+                              &result.algo, ws, workspace, be.stream()),
                "cublasLtMatmul (prefill attention)");
 }
 
@@ -137,10 +138,12 @@ void attention_prefill_gemm(CudaBackend& be, const AttentionParams& p) {
   const int64_t s_len = p.q.dim(0), n_heads = p.q.dim(1), d = p.q.dim(2);
   const int64_t t_len = p.k.dim(0), n_kv = p.k.dim(1);
   const int64_t group = n_heads / n_kv;
-  const size_t per_query = static_cast<size_t>(n_heads) * static_cast<size_t>(t_len) * sizeof(float);
-  const int64_t tile =
-      std::max<int64_t>(1, std::min<int64_t>(s_len, static_cast<int64_t>(kScoreBudget / per_query)));
-  auto* scores = static_cast<float*>(be.scratch(be.attn_scores_, per_query * static_cast<size_t>(tile)));
+  const size_t per_query =
+      static_cast<size_t>(n_heads) * static_cast<size_t>(t_len) * sizeof(float);
+  const int64_t tile = std::max<int64_t>(
+      1, std::min<int64_t>(s_len, static_cast<int64_t>(kScoreBudget / per_query)));
+  auto* scores =
+      static_cast<float*>(be.scratch(be.attn_scores_, per_query * static_cast<size_t>(tile)));
   const auto* q = p.q.data_as<const float>();
   const auto* k = p.k.data_as<const float>();
   const auto* v = p.v.data_as<const float>();
@@ -150,7 +153,8 @@ void attention_prefill_gemm(CudaBackend& be, const AttentionParams& p) {
   for (int64_t s0 = 0; s0 < s_len; s0 += tile) {
     const int64_t rows = std::min(tile, s_len - s0);
     for (int64_t g = 0; g < group; ++g) {
-      // scores_h (T×rows, ld T) = kᵀ (T×D) · q_h (D×rows), batched over kv heads j (h = j·group + g).
+      // scores_h (T×rows, ld T) = kᵀ (T×D) · q_h (D×rows), batched over kv heads j (h = j·group +
+      // g).
       batched_matmul(be, /*trans_a=*/true, /*trans_b=*/false, t_len, rows, d, p.scale, k, ld_k, d,
                      q + s0 * ld_q + g * d, ld_q, group * d, scores + g * rows * t_len, t_len,
                      group * rows * t_len, static_cast<int>(n_kv));

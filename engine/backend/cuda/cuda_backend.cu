@@ -4,10 +4,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <map>
-#include <string>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <string>
 
 #include "engine/backend/backends.h"
 #include "engine/backend/cuda/cuda_backend.h"
@@ -46,7 +46,8 @@ CudaBackend::~CudaBackend() {
   cudaSetDevice(device_index_);
   if (profiling_enabled()) print_profile();
   if (stream_) cudaStreamSynchronize(stream_);
-  for (Scratch* s : {&lt_workspace_, &x_bf16_, &w_bf16_, &attn_partials_, &moe_scratch_, &attn_scores_}) {
+  for (Scratch* s :
+       {&lt_workspace_, &x_bf16_, &w_bf16_, &attn_partials_, &moe_scratch_, &attn_scores_}) {
     if (s->data) cudaFree(s->data);
   }
   if (lt_) cublasLtDestroy(lt_);
@@ -121,9 +122,9 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
          dst.describe());
   }
   if (src.nbytes() == 0 || src.data() == dst.data()) return;
-  check_cuda(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice,
-                             stream_),
-             "copy (cudaMemcpyAsync)");
+  check_cuda(
+      cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, stream_),
+      "copy (cudaMemcpyAsync)");
 }
 
 namespace {
@@ -136,8 +137,7 @@ std::mutex g_profile_mutex;
 std::map<std::string, ProfileEntry> g_profile;
 
 double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
@@ -191,7 +191,8 @@ void check_on(const CudaBackend& be, const char* op, const char* name, const Ten
 }
 
 void check_dtype(const char* op, const char* name, const Tensor& t, DType dtype) {
-  if (t.dtype() != dtype) fail("{}: {} must be {}, got {}", op, name, dtype_name(dtype), t.describe());
+  if (t.dtype() != dtype)
+    fail("{}: {} must be {}, got {}", op, name, dtype_name(dtype), t.describe());
 }
 
 void check_float(const char* op, const char* name, const Tensor& t) {

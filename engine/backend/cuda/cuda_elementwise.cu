@@ -536,12 +536,12 @@ void CudaBackend::rms_norm_add(const Tensor& x, const Tensor& weight, float eps,
     if (d <= kWarpRowMax) {
       constexpr int kRowsPerBlock = kThreads / 32;
       rms_norm_kernel<kDt, 32><<<grid_for(rows, kRowsPerBlock), kThreads, 0, stream()>>>(
-          x.data_as<const float>(), weight.data(), eps, nullptr, rows, d,
-          residual.data_as<float>(), post_scale);
+          x.data_as<const float>(), weight.data(), eps, nullptr, rows, d, residual.data_as<float>(),
+          post_scale);
     } else {
       rms_norm_kernel<kDt, kThreads><<<grid_for(rows, 1), kThreads, 0, stream()>>>(
-          x.data_as<const float>(), weight.data(), eps, nullptr, rows, d,
-          residual.data_as<float>(), post_scale);
+          x.data_as<const float>(), weight.data(), eps, nullptr, rows, d, residual.data_as<float>(),
+          post_scale);
     }
   });
   check_cuda(cudaGetLastError(), "rms_norm_kernel (add)");

@@ -140,19 +140,21 @@ void Gemma4Model::init_after_weights(const LoadOptions& options) {
   const Gemma4Config& c = config_;
   Backend& be = *backend_;
   for (int i = 0; i < c.num_hidden_layers; ++i) {
-    layer_scalars_.push_back(read_scalar(be, weights_.layers[static_cast<size_t>(i)].layer_scalar,
-                                         fmt::format("{}layers.{}.layer_scalar", c.weight_prefix, i)));
+    layer_scalars_.push_back(
+        read_scalar(be, weights_.layers[static_cast<size_t>(i)].layer_scalar,
+                    fmt::format("{}layers.{}.layer_scalar", c.weight_prefix, i)));
   }
   HostTensor sliding = rope_inv_freq(c.rope_sliding, c.head_dim);
   HostTensor full = rope_inv_freq(c.rope_full, c.global_head_dim);
   inv_freq_buffer_ = DeviceBuffer(be, sliding.view().nbytes() + full.view().nbytes() + 256);
   inv_freq_sliding_ = inv_freq_buffer_.view(DType::kF32, sliding.shape());
-  inv_freq_full_ = Tensor(static_cast<char*>(inv_freq_buffer_.data()) + (sliding.view().nbytes() + 255) / 256 * 256,
-                          DType::kF32, full.shape(), be.device());
+  inv_freq_full_ = Tensor(
+      static_cast<char*>(inv_freq_buffer_.data()) + (sliding.view().nbytes() + 255) / 256 * 256,
+      DType::kF32, full.shape(), be.device());
   be.upload(sliding.view().data(), inv_freq_sliding_);
   be.upload(full.view().data(), inv_freq_full_);
-  embed_scale_ = round_to_dtype(std::sqrt(static_cast<float>(c.hidden_size)),
-                                weights_.embed_tokens.dtype());
+  embed_scale_ =
+      round_to_dtype(std::sqrt(static_cast<float>(c.hidden_size)), weights_.embed_tokens.dtype());
   if (c.has_ple()) {
     ple_embed_scale_ = round_to_dtype(std::sqrt(static_cast<float>(c.hidden_size_per_layer_input)),
                                       weights_.embed_tokens_per_layer.dtype());
@@ -198,17 +200,33 @@ int64_t Gemma4Model::weight_bytes_read(int64_t tokens) const {
                 c.num_experts
           : 1.0;
   for (const Gemma4LayerWeights& w : weights_.layers) {
-    for (const Tensor* t :
-         {&w.input_layernorm, &w.post_attention_layernorm, &w.pre_feedforward_layernorm,
-          &w.post_feedforward_layernorm, &w.q_proj, &w.q_norm, &w.k_proj, &w.k_norm, &w.v_proj,
-          &w.o_proj, &w.gate_proj, &w.up_proj, &w.down_proj, &w.per_layer_input_gate,
-          &w.per_layer_projection, &w.post_per_layer_input_norm, &w.router_proj, &w.router_scale,
-          &w.router_per_expert_scale, &w.pre_feedforward_layernorm_2,
-          &w.post_feedforward_layernorm_1, &w.post_feedforward_layernorm_2}) {
+    for (const Tensor* t : {&w.input_layernorm,
+                            &w.post_attention_layernorm,
+                            &w.pre_feedforward_layernorm,
+                            &w.post_feedforward_layernorm,
+                            &w.q_proj,
+                            &w.q_norm,
+                            &w.k_proj,
+                            &w.k_norm,
+                            &w.v_proj,
+                            &w.o_proj,
+                            &w.gate_proj,
+                            &w.up_proj,
+                            &w.down_proj,
+                            &w.per_layer_input_gate,
+                            &w.per_layer_projection,
+                            &w.post_per_layer_input_norm,
+                            &w.router_proj,
+                            &w.router_scale,
+                            &w.router_per_expert_scale,
+                            &w.pre_feedforward_layernorm_2,
+                            &w.post_feedforward_layernorm_1,
+                            &w.post_feedforward_layernorm_2}) {
       bytes += static_cast<int64_t>(t->nbytes());
     }
     bytes += static_cast<int64_t>(
-        static_cast<double>(w.experts_gate_up.nbytes() + w.experts_down.nbytes()) * expert_fraction);
+        static_cast<double>(w.experts_gate_up.nbytes() + w.experts_down.nbytes()) *
+        expert_fraction);
   }
   return bytes;
 }
@@ -489,14 +507,11 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
           // Window rows from the ring, then the new rows, in one contiguous block.
           const bool donor = l == c.sliding_donor && c.first_shared_layer < c.num_hidden_layers;
           const Shape shape{old + p.n, KV, D};
-          Tensor gk = (donor ? p.donor_gather_k : p.gather_k)
-                          .slice_rows(0, shape.numel())
-                          .reshape(shape);
-          Tensor gv = (donor ? p.donor_gather_v : p.gather_v)
-                          .slice_rows(0, shape.numel())
-                          .reshape(shape);
-          if (old > 0)
-            kv.read_ring(l, from, p.pos0, gk.slice_rows(0, old), gv.slice_rows(0, old));
+          Tensor gk =
+              (donor ? p.donor_gather_k : p.gather_k).slice_rows(0, shape.numel()).reshape(shape);
+          Tensor gv =
+              (donor ? p.donor_gather_v : p.gather_v).slice_rows(0, shape.numel()).reshape(shape);
+          if (old > 0) kv.read_ring(l, from, p.pos0, gk.slice_rows(0, old), gv.slice_rows(0, old));
           be.copy(k_new, gk.slice_rows(old, old + p.n));
           be.copy(v_new, gv.slice_rows(old, old + p.n));
           kv.write_ring(l, p.pos0, k_new, v_new);

@@ -74,9 +74,8 @@ class Gemma4Model {
   // A model of `config` (finalized) whose weights are seeded uniform values of
   // `dtype` (see random_weights), on options.device: for benchmarks of released
   // shapes without a checkpoint. path() is "random:<seed>".
-  static std::unique_ptr<Gemma4Model> random(const Gemma4Config& config,
-                                             const LoadOptions& options, uint64_t seed,
-                                             DType dtype = DType::kBF16);
+  static std::unique_ptr<Gemma4Model> random(const Gemma4Config& config, const LoadOptions& options,
+                                             uint64_t seed, DType dtype = DType::kBF16);
 
   ~Gemma4Model();
   Gemma4Model(const Gemma4Model&) = delete;
@@ -124,9 +123,9 @@ class Gemma4Model {
   Gemma4Config config_;
   std::unique_ptr<io::Checkpoint> checkpoint_;
   Gemma4Weights weights_;
-  DeviceBuffer weight_buffer_;  // device copies of the weights (empty on the CPU)
+  DeviceBuffer weight_buffer_;            // device copies of the weights (empty on the CPU)
   std::unique_ptr<CachingPool> kv_pool_;  // KV-cache memory, reused across sequences
-  std::vector<float> layer_scalars_;  // host copies of layers.*.layer_scalar
+  std::vector<float> layer_scalars_;      // host copies of layers.*.layer_scalar
   Backend* backend_ = nullptr;
   KvCacheSpec kv_spec_;
   DeviceBuffer inv_freq_buffer_;
@@ -139,7 +138,7 @@ class Gemma4Model {
   // Per-forward scratch views (arena-owned).
   struct Scratch;
   std::unique_ptr<Scratch> scratch_;
-  std::vector<RowPlan> plans_;  // reused across forwards
+  std::vector<RowPlan> plans_;                      // reused across forwards
   std::vector<int32_t> host_ids_, host_positions_;  // staging for the upload, reused
 };
 
