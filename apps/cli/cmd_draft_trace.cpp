@@ -26,6 +26,10 @@ struct TraceArgs {
 
 void run_trace(const TraceArgs& args) {
   if (args.steps < 1) fail("--steps must be >= 1, got {}", args.steps);
+  // The trace stages its inputs in host tensors: a CPU-only debugging tool.
+  if (!parse_device(args.model.device).is_cpu()) {
+    fail("draft-trace runs on the CPU only (got --device {}); use --device cpu", args.model.device);
+  }
   LoadedModels m = load_models(args.model, /*with_draft=*/true, /*with_tokenizer=*/false, false);
   if (!m.drafter) fail("draft-trace needs a drafter: pass --draft DIR");
   const std::vector<int32_t> prompt = parse_id_list(args.prompt_ids, "--prompt-ids");

@@ -56,8 +56,13 @@ void run_score(const ScoreArgs& args) {
 
   HostTensor ids(DType::kI32, {static_cast<int64_t>(prompt.size())});
   std::memcpy(ids.data<int32_t>(), prompt.data(), prompt.size() * sizeof(int32_t));
-  std::vector<io::NamedTensor> tensors = {{"input_ids", ids}, {"logits", out.logits}};
-  if (args.hidden) tensors.push_back({"final_hidden", out.hidden});
+  // Logits and hidden states live on the model's device: bring them to the host.
+  Backend& be = model->backend();
+  HostTensor logits(DType::kF32, out.logits.shape()), hidden(DType::kF32, out.hidden.shape());
+  be.download(out.logits, logits.view().data());
+  if (args.hidden) be.download(out.hidden, hidden.view().data());
+  std::vector<io::NamedTensor> tensors = {{"input_ids", ids}, {"logits", logits}};
+  if (args.hidden) tensors.push_back({"final_hidden", hidden});
   for (size_t i = 0; i < out.layer_hidden.size(); ++i) {
     tensors.push_back({fmt::format("hidden_states.{}", i), out.layer_hidden[i]});
   }

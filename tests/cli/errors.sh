@@ -32,6 +32,8 @@ expect_error prompt-too-long "context size of 8" "$specula" generate --model "$f
   --prompt-ids 3,4,5,6,7,8,9,10,11 --max-tokens 1
 expect_error bad-device "'tpu'" "$specula" generate --model "$fixture" --device tpu --prompt-ids 1,2
 expect_error bad-device-index "cuda:7" "$specula" generate --model "$fixture" --device cuda:7 --prompt-ids 1,2
+expect_error draft-trace-device "CPU only" "$specula" draft-trace --model "$fixture" --device cuda \
+  --draft "$src/tests/golden/dense_kev_assistant" --prompt-ids 1,2 --out "$tmp/trace.safetensors"
 expect_error invalid-utf8 "UTF-8" "$specula" generate --prompt $'def f():\xff\xfe' --max-tokens 4
 
 mkdir -p "$tmp/llama"
