@@ -1,4 +1,141 @@
 // SPDX-License-Identifier: Apache-2.0
-// The op contracts live in backend.h; this file keeps the ops library non-empty
-// and holds shared validation helpers as they appear.
+// The op contracts live in backend.h; this file holds the argument checks
+// every backend shares (op_checks.h).
+#include "engine/ops/op_checks.h"
+
 #include "engine/ops/backend.h"
+
+namespace specula::ops {
+
+void check_dtype(const char* op, const char* name, const Tensor& t, DType dtype) {
+  if (t.dtype() != dtype)
+    fail("{}: {} must be {}, got {}", op, name, dtype_name(dtype), t.describe());
+}
+
+void check_float(const char* op, const char* name, const Tensor& t) {
+  const DType d = t.dtype();
+  if (d != DType::kF32 && d != DType::kBF16 && d != DType::kF16) {
+    fail("{}: {} must be f32, bf16 or f16, got {}", op, name, t.describe());
+  }
+}
+
+void check_rank(const char* op, const char* name, const Tensor& t, int rank) {
+  if (t.rank() != rank) fail("{}: {} must have rank {}, got {}", op, name, rank, t.describe());
+}
+
+void check_same_shape(const char* op, const char* a_name, const Tensor& a, const char* b_name,
+                      const Tensor& b) {
+  if (a.shape() != b.shape()) {
+    fail("{}: {} {} and {} {} must have the same shape", op, a_name, a.describe(), b_name,
+         b.describe());
+  }
+}
+
+bool bytes_overlap(const Tensor& a, const Tensor& b) {
+  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* a0 = static_cast<const char*>(a.data());
+  const auto* b0 = static_cast<const char*>(b.data());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+void check_no_alias(const char* op, const char* out_name, const Tensor& out, const char* in_name,
+                    const Tensor& in) {
+  if (bytes_overlap(out, in)) {
+    fail("{}: output {} {} overlaps input {} {}; this op needs a separate output buffer", op,
+         out_name, out.describe(), in_name, in.describe());
+  }
+}
+
+void check_exact_alias(const char* op, const char* out_name, const Tensor& out, const char* in_name,
+                       const Tensor& in) {
+  if (out.data() != in.data() && bytes_overlap(out, in)) {
+    fail("{}: output {} {} partially overlaps input {} {}; it may only be the same buffer", op,
+         out_name, out.describe(), in_name, in.describe());
+  }
+}
+
+AttentionDims check_attention(const AttentionParams& p) {
+  constexpr const char* kOp = "attention";
+  check_dtype(kOp, "q", p.q, DType::kF32);
+  check_dtype(kOp, "k", p.k, DType::kF32);
+  check_dtype(kOp, "v", p.v, DType::kF32);
+  check_dtype(kOp, "out", p.out, DType::kF32);
+  check_dtype(kOp, "q_positions", p.q_positions, DType::kI32);
+  check_rank(kOp, "q", p.q, 3);
+  check_rank(kOp, "k", p.k, 3);
+  check_same_shape(kOp, "k", p.k, "v", p.v);
+  check_same_shape(kOp, "q", p.q, "out", p.out);
+  AttentionDims dims;
+  dims.queries = p.q.dim(0);
+  dims.heads = p.q.dim(1);
+  dims.head_dim = p.q.dim(2);
+  dims.ring = p.ring_keys >= 0;
+  if (dims.ring && (p.ring_keys > p.k.dim(0) || p.k_pos0 < 0)) {
+    fail("attention: ring_keys {} at k_pos0 {} do not fit the ring k {}", p.ring_keys, p.k_pos0,
+         p.k.describe());
+  }
+  dims.keys = dims.ring ? p.ring_keys : p.k.dim(0);
+  dims.kv_heads = p.k.dim(1);
+  if (p.k.dim(2) != dims.head_dim) {
+    fail("attention: q {} and k {} disagree on the head dimension ({} vs {})", p.q.describe(),
+         p.k.describe(), dims.head_dim, p.k.dim(2));
+  }
+  if (dims.kv_heads == 0 || dims.heads % dims.kv_heads != 0) {
+    fail("attention: q {} has {} heads, which is not a multiple of the {} kv heads of k {}",
+         p.q.describe(), dims.heads, dims.kv_heads, p.k.describe());
+  }
+  if (p.q_positions.shape() != Shape({dims.queries})) {
+    fail("attention: q_positions {} must be i32[{}] for q {}", p.q_positions.describe(),
+         dims.queries, p.q.describe());
+  }
+  if (p.window < 0) fail("attention: window must be >= 0 (0 = no window), got {}", p.window);
+  check_no_alias(kOp, "out", p.out, "q", p.q);
+  check_no_alias(kOp, "out", p.out, "k", p.k);
+  check_no_alias(kOp, "out", p.out, "v", p.v);
+  check_no_alias(kOp, "out", p.out, "q_positions", p.q_positions);
+  return dims;
+}
+
+MoeExpertsDims check_moe_experts(const MoeExpertsParams& p) {
+  constexpr const char* kOp = "moe_experts";
+  check_dtype(kOp, "x", p.x, DType::kF32);
+  check_rank(kOp, "x", p.x, 2);
+  check_dtype(kOp, "expert_ids", p.expert_ids, DType::kI32);
+  check_rank(kOp, "expert_ids", p.expert_ids, 2);
+  check_dtype(kOp, "expert_weights", p.expert_weights, DType::kF32);
+  check_same_shape(kOp, "expert_ids", p.expert_ids, "expert_weights", p.expert_weights);
+  check_float(kOp, "gate_up", p.gate_up);
+  check_rank(kOp, "gate_up", p.gate_up, 3);
+  check_float(kOp, "down", p.down);
+  check_rank(kOp, "down", p.down, 3);
+  check_dtype(kOp, "out", p.out, DType::kF32);
+  check_same_shape(kOp, "x", p.x, "out", p.out);
+  MoeExpertsDims dims;
+  dims.tokens = p.x.dim(0);
+  dims.hidden = p.x.dim(1);
+  dims.top_k = p.expert_ids.dim(1);
+  dims.experts = p.gate_up.dim(0);
+  const int64_t two_i = p.gate_up.dim(1);
+  dims.inter = two_i / 2;
+  if (p.expert_ids.dim(0) != dims.tokens) {
+    fail("moe_experts: expert_ids {} must have one row per token of x {}", p.expert_ids.describe(),
+         p.x.describe());
+  }
+  if (two_i % 2 != 0 || p.gate_up.dim(2) != dims.hidden) {
+    fail("moe_experts: gate_up {} must be [E, 2·I, {}] (gate rows then up rows) for x {}",
+         p.gate_up.describe(), dims.hidden, p.x.describe());
+  }
+  if (p.down.shape() != Shape({dims.experts, dims.hidden, dims.inter})) {
+    fail("moe_experts: down {} must be [{}, {}, {}] to match gate_up {} and x {}",
+         p.down.describe(), dims.experts, dims.hidden, dims.inter, p.gate_up.describe(),
+         p.x.describe());
+  }
+  check_no_alias(kOp, "out", p.out, "x", p.x);
+  check_no_alias(kOp, "out", p.out, "expert_ids", p.expert_ids);
+  check_no_alias(kOp, "out", p.out, "expert_weights", p.expert_weights);
+  check_no_alias(kOp, "out", p.out, "gate_up", p.gate_up);
+  check_no_alias(kOp, "out", p.out, "down", p.down);
+  return dims;
+}
+
+}  // namespace specula::ops

@@ -76,43 +76,14 @@ void CpuBackend::attention(const AttentionParams& p) {
   cpu::check_host(kOp, "v", p.v);
   cpu::check_host(kOp, "out", p.out);
   cpu::check_host(kOp, "q_positions", p.q_positions);
-  cpu::check_dtype(kOp, "q", p.q, DType::kF32);
-  cpu::check_dtype(kOp, "k", p.k, DType::kF32);
-  cpu::check_dtype(kOp, "v", p.v, DType::kF32);
-  cpu::check_dtype(kOp, "out", p.out, DType::kF32);
-  cpu::check_dtype(kOp, "q_positions", p.q_positions, DType::kI32);
-  cpu::check_rank(kOp, "q", p.q, 3);
-  cpu::check_rank(kOp, "k", p.k, 3);
-  cpu::check_same_shape(kOp, "k", p.k, "v", p.v);
-  cpu::check_same_shape(kOp, "q", p.q, "out", p.out);
-  const int64_t s_len = p.q.dim(0);
-  const int64_t n_heads = p.q.dim(1);
-  const int64_t d = p.q.dim(2);
-  const bool ring = p.ring_keys >= 0;
+  const ops::AttentionDims dims = ops::check_attention(p);
+  const int64_t s_len = dims.queries;
+  const int64_t n_heads = dims.heads;
+  const int64_t d = dims.head_dim;
+  const bool ring = dims.ring;
   const int64_t ring_rows = p.k.dim(0);
-  if (ring && (p.ring_keys > ring_rows || p.k_pos0 < 0)) {
-    fail("attention: ring_keys {} at k_pos0 {} do not fit the ring k {}", p.ring_keys, p.k_pos0,
-         p.k.describe());
-  }
-  const int64_t t_len = ring ? p.ring_keys : p.k.dim(0);
-  const int64_t n_kv = p.k.dim(1);
-  if (p.k.dim(2) != d) {
-    fail("attention: q {} and k {} disagree on the head dimension ({} vs {})", p.q.describe(),
-         p.k.describe(), d, p.k.dim(2));
-  }
-  if (n_kv == 0 || n_heads % n_kv != 0) {
-    fail("attention: q {} has {} heads, which is not a multiple of the {} kv heads of k {}",
-         p.q.describe(), n_heads, n_kv, p.k.describe());
-  }
-  if (p.q_positions.shape() != Shape({s_len})) {
-    fail("attention: q_positions {} must be i32[{}] for q {}", p.q_positions.describe(), s_len,
-         p.q.describe());
-  }
-  if (p.window < 0) fail("attention: window must be >= 0 (0 = no window), got {}", p.window);
-  cpu::check_no_alias(kOp, "out", p.out, "q", p.q);
-  cpu::check_no_alias(kOp, "out", p.out, "k", p.k);
-  cpu::check_no_alias(kOp, "out", p.out, "v", p.v);
-  cpu::check_no_alias(kOp, "out", p.out, "q_positions", p.q_positions);
+  const int64_t t_len = dims.keys;
+  const int64_t n_kv = dims.kv_heads;
   if (p.out.numel() == 0) return;
 
   const int64_t group = n_heads / n_kv;

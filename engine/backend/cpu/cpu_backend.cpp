@@ -100,57 +100,6 @@ void check_host(const char* op, const char* name, const Tensor& t) {
   }
 }
 
-void check_dtype(const char* op, const char* name, const Tensor& t, DType dtype) {
-  if (t.dtype() != dtype)
-    fail("{}: {} must be {}, got {}", op, name, dtype_name(dtype), t.describe());
-}
-
-void check_float(const char* op, const char* name, const Tensor& t) {
-  const DType d = t.dtype();
-  if (d != DType::kF32 && d != DType::kBF16 && d != DType::kF16) {
-    fail("{}: {} must be f32, bf16 or f16, got {}", op, name, t.describe());
-  }
-}
-
-void check_rank(const char* op, const char* name, const Tensor& t, int rank) {
-  if (t.rank() != rank) fail("{}: {} must have rank {}, got {}", op, name, rank, t.describe());
-}
-
-void check_same_shape(const char* op, const char* a_name, const Tensor& a, const char* b_name,
-                      const Tensor& b) {
-  if (a.shape() != b.shape()) {
-    fail("{}: {} {} and {} {} must have the same shape", op, a_name, a.describe(), b_name,
-         b.describe());
-  }
-}
-
-namespace {
-
-bool ranges_overlap(const Tensor& a, const Tensor& b) {
-  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* a0 = static_cast<const char*>(a.data());
-  const auto* b0 = static_cast<const char*>(b.data());
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
-
-}  // namespace
-
-void check_no_alias(const char* op, const char* out_name, const Tensor& out, const char* in_name,
-                    const Tensor& in) {
-  if (ranges_overlap(out, in)) {
-    fail("{}: output {} {} overlaps input {} {}; this op needs a separate output buffer", op,
-         out_name, out.describe(), in_name, in.describe());
-  }
-}
-
-void check_exact_alias(const char* op, const char* out_name, const Tensor& out, const char* in_name,
-                       const Tensor& in) {
-  if (out.data() != in.data() && ranges_overlap(out, in)) {
-    fail("{}: output {} {} partially overlaps input {} {}; it may only be the same buffer", op,
-         out_name, out.describe(), in_name, in.describe());
-  }
-}
-
 bool worth_parallel(int64_t work) {
   // Below this, waking the OpenMP team costs more than the loop itself.
   constexpr int64_t kMinParallelWork = 1 << 15;

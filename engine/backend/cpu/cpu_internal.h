@@ -12,6 +12,8 @@
 
 #include "engine/core/tensor.h"
 
+#include "engine/ops/op_checks.h"
+
 namespace specula::cpu {
 
 // ---- Argument checks. Each throws an Error naming the op and the tensor(s). ----
@@ -19,19 +21,13 @@ namespace specula::cpu {
 // `t` lives on the CPU and has memory behind it (an empty view is accepted only
 // when it holds no elements).
 void check_host(const char* op, const char* name, const Tensor& t);
-void check_dtype(const char* op, const char* name, const Tensor& t, DType dtype);
-// f32, bf16 or f16.
-void check_float(const char* op, const char* name, const Tensor& t);
-void check_rank(const char* op, const char* name, const Tensor& t, int rank);
-// Same shape; the message names both tensors and both shapes.
-void check_same_shape(const char* op, const char* a_name, const Tensor& a, const char* b_name,
-                      const Tensor& b);
-// `out` must not share any byte with `in`.
-void check_no_alias(const char* op, const char* out_name, const Tensor& out, const char* in_name,
-                    const Tensor& in);
-// `out` may be `in` itself (same first byte) but must not partially overlap it.
-void check_exact_alias(const char* op, const char* out_name, const Tensor& out, const char* in_name,
-                       const Tensor& in);
+// The device-independent checks (engine/ops/op_checks.h).
+using ops::check_dtype;
+using ops::check_exact_alias;
+using ops::check_float;
+using ops::check_no_alias;
+using ops::check_rank;
+using ops::check_same_shape;
 // Whether `work` scalar operations are enough to pay for starting an OpenMP
 // parallel region (used in `if` clauses).
 bool worth_parallel(int64_t work);

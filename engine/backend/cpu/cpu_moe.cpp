@@ -93,41 +93,13 @@ void CpuBackend::moe_experts(const MoeExpertsParams& p) {
   cpu::check_host(kOp, "gate_up", p.gate_up);
   cpu::check_host(kOp, "down", p.down);
   cpu::check_host(kOp, "out", p.out);
-  cpu::check_dtype(kOp, "x", p.x, DType::kF32);
-  cpu::check_rank(kOp, "x", p.x, 2);
-  cpu::check_dtype(kOp, "expert_ids", p.expert_ids, DType::kI32);
-  cpu::check_rank(kOp, "expert_ids", p.expert_ids, 2);
-  cpu::check_dtype(kOp, "expert_weights", p.expert_weights, DType::kF32);
-  cpu::check_same_shape(kOp, "expert_ids", p.expert_ids, "expert_weights", p.expert_weights);
-  cpu::check_float(kOp, "gate_up", p.gate_up);
-  cpu::check_rank(kOp, "gate_up", p.gate_up, 3);
-  cpu::check_float(kOp, "down", p.down);
-  cpu::check_rank(kOp, "down", p.down, 3);
-  cpu::check_dtype(kOp, "out", p.out, DType::kF32);
-  cpu::check_same_shape(kOp, "x", p.x, "out", p.out);
-  const int64_t n = p.x.dim(0);
-  const int64_t h = p.x.dim(1);
-  const int64_t top_k = p.expert_ids.dim(1);
-  const int64_t n_experts = p.gate_up.dim(0);
-  const int64_t two_i = p.gate_up.dim(1);
-  const int64_t inter = two_i / 2;
-  if (p.expert_ids.dim(0) != n) {
-    fail("moe_experts: expert_ids {} must have one row per token of x {}", p.expert_ids.describe(),
-         p.x.describe());
-  }
-  if (two_i % 2 != 0 || p.gate_up.dim(2) != h) {
-    fail("moe_experts: gate_up {} must be [E, 2·I, {}] (gate rows then up rows) for x {}",
-         p.gate_up.describe(), h, p.x.describe());
-  }
-  if (p.down.shape() != Shape({n_experts, h, inter})) {
-    fail("moe_experts: down {} must be [{}, {}, {}] to match gate_up {} and x {}",
-         p.down.describe(), n_experts, h, inter, p.gate_up.describe(), p.x.describe());
-  }
-  cpu::check_no_alias(kOp, "out", p.out, "x", p.x);
-  cpu::check_no_alias(kOp, "out", p.out, "expert_ids", p.expert_ids);
-  cpu::check_no_alias(kOp, "out", p.out, "expert_weights", p.expert_weights);
-  cpu::check_no_alias(kOp, "out", p.out, "gate_up", p.gate_up);
-  cpu::check_no_alias(kOp, "out", p.out, "down", p.down);
+  const ops::MoeExpertsDims dims = ops::check_moe_experts(p);
+  const int64_t n = dims.tokens;
+  const int64_t h = dims.hidden;
+  const int64_t top_k = dims.top_k;
+  const int64_t n_experts = dims.experts;
+  const int64_t inter = dims.inter;
+  const int64_t two_i = 2 * inter;
   const int32_t* ids = p.expert_ids.data_as<const int32_t>();
   for (int64_t s = 0; s < n * top_k; ++s) {
     if (ids[s] < 0 || ids[s] >= n_experts) {

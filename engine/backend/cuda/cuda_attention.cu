@@ -542,21 +542,6 @@ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-bool ranges_overlap(const Tensor& a, const Tensor& b) {
-  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* a0 = static_cast<const char*>(a.data());
-  const auto* b0 = static_cast<const char*>(b.data());
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
-
-void check_no_alias(const char* op, const char* out_name, const Tensor& out, const char* in_name,
-                    const Tensor& in) {
-  if (ranges_overlap(out, in)) {
-    fail("{}: output {} {} overlaps input {} {}; this op needs a separate output buffer", op,
-         out_name, out.describe(), in_name, in.describe());
-  }
-}
-
 }  // namespace
 
 // q f32 [S, H, D], k/v f32 [T, Hkv, D], out f32 [S, H, D], q_positions i32 [S]
@@ -569,42 +554,13 @@ void CudaBackend::attention(const AttentionParams& p) {
   check_on(*this, kOp, "v", p.v);
   check_on(*this, kOp, "out", p.out);
   check_on(*this, kOp, "q_positions", p.q_positions);
-  check_dtype(kOp, "q", p.q, DType::kF32);
-  check_dtype(kOp, "k", p.k, DType::kF32);
-  check_dtype(kOp, "v", p.v, DType::kF32);
-  check_dtype(kOp, "out", p.out, DType::kF32);
-  check_dtype(kOp, "q_positions", p.q_positions, DType::kI32);
-  check_rank(kOp, "q", p.q, 3);
-  check_rank(kOp, "k", p.k, 3);
-  check_same_shape(kOp, "k", p.k, "v", p.v);
-  check_same_shape(kOp, "q", p.q, "out", p.out);
-  const int64_t s_len = p.q.dim(0);
-  const int64_t n_heads = p.q.dim(1);
-  const int64_t d = p.q.dim(2);
-  const bool ring = p.ring_keys >= 0;
-  if (ring && (p.ring_keys > p.k.dim(0) || p.k_pos0 < 0)) {
-    fail("attention: ring_keys {} at k_pos0 {} do not fit the ring k {}", p.ring_keys, p.k_pos0,
-         p.k.describe());
-  }
-  const int64_t t_len = ring ? p.ring_keys : p.k.dim(0);
-  const int64_t n_kv = p.k.dim(1);
-  if (p.k.dim(2) != d) {
-    fail("attention: q {} and k {} disagree on the head dimension ({} vs {})", p.q.describe(),
-         p.k.describe(), d, p.k.dim(2));
-  }
-  if (n_kv == 0 || n_heads % n_kv != 0) {
-    fail("attention: q {} has {} heads, which is not a multiple of the {} kv heads of k {}",
-         p.q.describe(), n_heads, n_kv, p.k.describe());
-  }
-  if (p.q_positions.shape() != Shape({s_len})) {
-    fail("attention: q_positions {} must be i32[{}] for q {}", p.q_positions.describe(), s_len,
-         p.q.describe());
-  }
-  if (p.window < 0) fail("attention: window must be >= 0 (0 = no window), got {}", p.window);
-  check_no_alias(kOp, "out", p.out, "q", p.q);
-  check_no_alias(kOp, "out", p.out, "k", p.k);
-  check_no_alias(kOp, "out", p.out, "v", p.v);
-  check_no_alias(kOp, "out", p.out, "q_positions", p.q_positions);
+  const ops::AttentionDims dims = ops::check_attention(p);
+  const int64_t s_len = dims.queries;
+  const int64_t n_heads = dims.heads;
+  const int64_t d = dims.head_dim;
+  const bool ring = dims.ring;
+  const int64_t t_len = dims.keys;
+  const int64_t n_kv = dims.kv_heads;
   if (d > kMaxHeadDim) {
     fail("attention: head dimension {} of q {} exceeds the {} the CUDA kernels support", d,
          p.q.describe(), kMaxHeadDim);

@@ -190,30 +190,6 @@ void check_on(const CudaBackend& be, const char* op, const char* name, const Ten
   }
 }
 
-void check_dtype(const char* op, const char* name, const Tensor& t, DType dtype) {
-  if (t.dtype() != dtype)
-    fail("{}: {} must be {}, got {}", op, name, dtype_name(dtype), t.describe());
-}
-
-void check_float(const char* op, const char* name, const Tensor& t) {
-  const DType d = t.dtype();
-  if (d != DType::kF32 && d != DType::kBF16 && d != DType::kF16) {
-    fail("{}: {} must be f32, bf16 or f16, got {}", op, name, t.describe());
-  }
-}
-
-void check_rank(const char* op, const char* name, const Tensor& t, int rank) {
-  if (t.rank() != rank) fail("{}: {} must have rank {}, got {}", op, name, rank, t.describe());
-}
-
-void check_same_shape(const char* op, const char* a_name, const Tensor& a, const char* b_name,
-                      const Tensor& b) {
-  if (a.shape() != b.shape()) {
-    fail("{}: {} {} and {} {} must have the same shape", op, a_name, a.describe(), b_name,
-         b.describe());
-  }
-}
-
 }  // namespace cuda
 
 std::unique_ptr<Backend> make_cuda_backend(int device_index) {

@@ -23,6 +23,7 @@
 #include <mutex>
 
 #include "engine/ops/backend.h"
+#include "engine/ops/op_checks.h"
 
 namespace specula::cuda {
 
@@ -144,11 +145,13 @@ void print_profile();
 // Shape/dtype/device checks shared by the op files; each throws an Error that
 // names the op and the tensor (same wording as the CPU backend's).
 void check_on(const CudaBackend& be, const char* op, const char* name, const Tensor& t);
-void check_dtype(const char* op, const char* name, const Tensor& t, DType dtype);
-void check_float(const char* op, const char* name, const Tensor& t);
-void check_rank(const char* op, const char* name, const Tensor& t, int rank);
-void check_same_shape(const char* op, const char* a_name, const Tensor& a, const char* b_name,
-                      const Tensor& b);
+// The device-independent checks (engine/ops/op_checks.h).
+using ops::check_dtype;
+using ops::check_exact_alias;
+using ops::check_float;
+using ops::check_no_alias;
+using ops::check_rank;
+using ops::check_same_shape;
 
 // Launch geometry helper: blocks of `threads` covering n items (at least 1).
 inline unsigned blocks_for(int64_t n, int threads) {

@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "engine/backend/cuda/cuda_backend.h"
+#include "engine/backend/cuda/cuda_device_common.cuh"
 #include "engine/ops/uniform_hash.h"
 
 namespace specula::cuda {
@@ -34,31 +35,6 @@ unsigned grid_for(int64_t n, int threads) {
 
 // ---- Host-side argument checks (same wording as the CPU backend's). ----
 
-bool bytes_overlap(const Tensor& a, const Tensor& b) {
-  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* a0 = static_cast<const char*>(a.data());
-  const auto* b0 = static_cast<const char*>(b.data());
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
-
-// `out` must not share any byte with `in`.
-void require_no_overlap(const char* op, const char* out_name, const Tensor& out,
-                        const char* in_name, const Tensor& in) {
-  if (bytes_overlap(out, in)) {
-    fail("{}: output {} {} overlaps input {} {}; this op needs a separate output buffer", op,
-         out_name, out.describe(), in_name, in.describe());
-  }
-}
-
-// `out` may be `in` itself but must not partially overlap it.
-void require_same_or_disjoint(const char* op, const char* out_name, const Tensor& out,
-                              const char* in_name, const Tensor& in) {
-  if (out.data() != in.data() && bytes_overlap(out, in)) {
-    fail("{}: output {} {} partially overlaps input {} {}; it may only be the same buffer", op,
-         out_name, out.describe(), in_name, in.describe());
-  }
-}
-
 // An element-wise op whose f32 output may be exactly its f32 input.
 void check_unary(const CudaBackend& be, const char* op, const Tensor& x, const Tensor& out) {
   check_on(be, op, "x", x);
@@ -66,7 +42,7 @@ void check_unary(const CudaBackend& be, const char* op, const Tensor& x, const T
   check_dtype(op, "x", x, DType::kF32);
   check_dtype(op, "out", out, DType::kF32);
   check_same_shape(op, "x", x, "out", out);
-  require_same_or_disjoint(op, "out", out, "x", x);
+  check_exact_alias(op, "out", out, "x", x);
 }
 
 void check_binary(const CudaBackend& be, const char* op, const char* a_name, const Tensor& a,
@@ -79,55 +55,13 @@ void check_binary(const CudaBackend& be, const char* op, const char* a_name, con
   check_dtype(op, "out", out, DType::kF32);
   check_same_shape(op, a_name, a, b_name, b);
   check_same_shape(op, a_name, a, "out", out);
-  require_same_or_disjoint(op, "out", out, a_name, a);
-  require_same_or_disjoint(op, "out", out, b_name, b);
+  check_exact_alias(op, "out", out, a_name, a);
+  check_exact_alias(op, "out", out, b_name, b);
 }
 
 // Calls f(std::integral_constant<DType, d>{}) for the float dtype d of a tensor
 // already checked with check_float, so kernels are instantiated per dtype.
-template <typename F>
-void with_float_dtype(DType d, F&& f) {
-  switch (d) {
-    case DType::kF32:
-      f(std::integral_constant<DType, DType::kF32>{});
-      break;
-    case DType::kBF16:
-      f(std::integral_constant<DType, DType::kBF16>{});
-      break;
-    default:
-      f(std::integral_constant<DType, DType::kF16>{});
-      break;
-  }
-}
-
 // ---- Device helpers. ----
-
-// Element i of an f32|bf16|f16 array, exactly widened to f32.
-template <DType kDt>
-__device__ __forceinline__ float load_float(const void* p, int64_t i) {
-  if constexpr (kDt == DType::kF32) {
-    return static_cast<const float*>(p)[i];
-  } else if constexpr (kDt == DType::kBF16) {
-    return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(p)[i]) << 16);
-  } else {
-    return __half2float(__ushort_as_half(static_cast<const unsigned short*>(p)[i]));
-  }
-}
-
-// cpu::gelu_tanh operation for operation (gelu_pytorch_tanh in f32).
-__device__ __forceinline__ float gelu_tanh(float x) {
-  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
-  constexpr float kKappa = 0.044715f;
-  const float cube = __fmul_rn(__fmul_rn(__fmul_rn(kKappa, x), x), x);
-  const float inner = __fmul_rn(kBeta, __fadd_rn(x, cube));
-  return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
-}
-
-// exp in f32 as an accurate double exp rounded once: the closest match to the
-// CPU's (nearly correctly rounded) glibc expf; CUDA's expf may be 2 ulp off.
-__device__ __forceinline__ float exp_f32(float x) {
-  return static_cast<float>(exp(static_cast<double>(x)));
-}
 
 // f32_to_bf16 of engine/core/dtype.h: round to nearest even, NaN -> 0x7fc0.
 __device__ __forceinline__ uint16_t bf16_bits(float f) {
@@ -162,12 +96,6 @@ __device__ __forceinline__ uint16_t f16_bits(float f) {
   const uint32_t rem = mantissa & 0x1fffu;
   if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
   return static_cast<uint16_t>(half);
-}
-
-__device__ __forceinline__ double warp_sum(double v) {
-  // Butterfly: every lane ends with the same value (IEEE addition commutes).
-  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-  return v;
 }
 
 // Sum over the whole block (blockDim.x == kThreads) in a fixed order: warp
@@ -571,8 +499,8 @@ void CudaBackend::rope(const Tensor& x, const Tensor& positions, const Tensor& i
     fail("rope: inv_freq {} must be f32[{}] (half the head dimension) for x {}",
          inv_freq.describe(), half, x.describe());
   }
-  require_no_overlap(kOp, "x", x, "positions", positions);
-  require_no_overlap(kOp, "x", x, "inv_freq", inv_freq);
+  check_no_alias(kOp, "x", x, "positions", positions);
+  check_no_alias(kOp, "x", x, "inv_freq", inv_freq);
   // The CPU backend's limit, kept so that both backends accept the same inputs.
   constexpr int64_t kMaxHalf = 1024;
   if (half > kMaxHalf) fail("rope: head dimension {} exceeds the supported {}", d, 2 * kMaxHalf);
@@ -649,7 +577,7 @@ void CudaBackend::argmax_rows(const Tensor& x, const Tensor& out) {
   if (n > std::numeric_limits<int32_t>::max()) {
     fail("argmax_rows: x {} rows are too long for i32 indices", x.describe());
   }
-  require_no_overlap(kOp, "out", out, "x", x);
+  check_no_alias(kOp, "out", out, "x", x);
   argmax_rows_kernel<<<grid_for(m, 1), kThreads, 0, stream()>>>(x.data_as<const float>(),
                                                                 out.data_as<int32_t>(), m, n);
   check_cuda(cudaGetLastError(), "argmax_rows_kernel");
@@ -683,7 +611,7 @@ void CudaBackend::transpose01(const Tensor& x, const Tensor& out) {
     fail("transpose01: out {} must be [{}, {}, {}] for x {}", out.describe(), b, a, c,
          x.describe());
   }
-  require_no_overlap(kOp, "out", out, "x", x);
+  check_no_alias(kOp, "out", out, "x", x);
   const int64_t total = x.numel();
   if (total == 0) return;
   transpose01_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(

@@ -593,18 +593,6 @@ void launch_embedding(const Tensor& table, const Tensor& ids, float scale, const
   check_cuda(cudaGetLastError(), "embedding_kernel");
 }
 
-// Same wording as the CPU backend's check_no_alias.
-void check_no_alias(const char* op, const char* out_name, const Tensor& out, const char* in_name,
-                    const Tensor& in) {
-  if (out.nbytes() == 0 || in.nbytes() == 0) return;
-  const auto* o = static_cast<const char*>(out.data());
-  const auto* i = static_cast<const char*>(in.data());
-  if (o < i + in.nbytes() && i < o + out.nbytes()) {
-    fail("{}: output {} {} overlaps input {} {}; this op needs a separate output buffer", op,
-         out_name, out.describe(), in_name, in.describe());
-  }
-}
-
 }  // namespace
 
 // y[M, N] = x[M, K] · w[N, K]ᵀ; x, y f32, w f32|bf16|f16, all on this device; y

@@ -28,6 +28,7 @@
 #include <type_traits>
 
 #include "engine/backend/cuda/cuda_backend.h"
+#include "engine/backend/cuda/cuda_device_common.cuh"
 
 namespace specula::cuda {
 namespace {
@@ -46,36 +47,6 @@ constexpr int kRouteWarps = 4;  // tokens per block in moe_route
 
 // ---- Host-side checks (same wording as the CPU backend's). ----
 
-bool bytes_overlap(const Tensor& a, const Tensor& b) {
-  if (a.nbytes() == 0 || b.nbytes() == 0) return false;
-  const auto* a0 = static_cast<const char*>(a.data());
-  const auto* b0 = static_cast<const char*>(b.data());
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
-
-void require_no_overlap(const char* op, const char* out_name, const Tensor& out,
-                        const char* in_name, const Tensor& in) {
-  if (bytes_overlap(out, in)) {
-    fail("{}: output {} {} overlaps input {} {}; this op needs a separate output buffer", op,
-         out_name, out.describe(), in_name, in.describe());
-  }
-}
-
-template <typename F>
-void with_float_dtype(DType d, F&& f) {
-  switch (d) {
-    case DType::kF32:
-      f(std::integral_constant<DType, DType::kF32>{});
-      break;
-    case DType::kBF16:
-      f(std::integral_constant<DType, DType::kBF16>{});
-      break;
-    default:
-      f(std::integral_constant<DType, DType::kF16>{});
-      break;
-  }
-}
-
 bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
@@ -86,45 +57,11 @@ size_t align_up(size_t bytes) {
 
 // ---- Device helpers. ----
 
-// A 16-bit float's bits (in the low half of `bits`) widened exactly to f32.
-template <DType kDt>
-__device__ __forceinline__ float widen16(uint32_t bits) {
-  if constexpr (kDt == DType::kBF16) {
-    return __uint_as_float(bits << 16);
-  } else {
-    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
-  }
-}
-
-// Element i of an f32|bf16|f16 array as f32.
-template <DType kDt>
-__device__ __forceinline__ float load_float(const void* p, int64_t i) {
-  if constexpr (kDt == DType::kF32) {
-    return static_cast<const float*>(p)[i];
-  } else {
-    return widen16<kDt>(static_cast<const uint16_t*>(p)[i]);
-  }
-}
-
 // Address of element i of an f32|bf16|f16 array.
 template <DType kDt>
 __device__ __forceinline__ const void* elem_ptr(const void* p, int64_t i) {
   constexpr int64_t kSize = kDt == DType::kF32 ? 4 : 2;
   return static_cast<const char*>(p) + i * kSize;
-}
-
-// cpu::gelu_tanh operation for operation (no FMA contraction).
-__device__ __forceinline__ float gelu_tanh(float x) {
-  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
-  constexpr float kKappa = 0.044715f;
-  const float cube = __fmul_rn(__fmul_rn(__fmul_rn(kKappa, x), x), x);
-  const float inner = __fmul_rn(kBeta, __fadd_rn(x, cube));
-  return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, tanhf(inner)));
-}
-
-// exp in f32 as an accurate double exp rounded once (closest to glibc's expf).
-__device__ __forceinline__ float exp_f32(float x) {
-  return static_cast<float>(exp(static_cast<double>(x)));
 }
 
 // Weights k0 .. k0 + 7 of a row of K elements. kVec: the chunk is whole and
@@ -170,17 +107,6 @@ __device__ __forceinline__ void load_acts(const float* row, int64_t k0, int64_t 
 #pragma unroll
     for (int i = 0; i < kChunk; ++i) a[i] = k0 + i < K ? row[k0 + i] : 0.0f;
   }
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-  // Butterfly: every lane ends with the same value (IEEE addition commutes).
-  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-  return v;
-}
-
-__device__ __forceinline__ double warp_sum(double v) {
-  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-  return v;
 }
 
 // For kRows weight rows of length K and the first `count` (<= kTile, warp
@@ -488,9 +414,9 @@ void CudaBackend::moe_route(const MoeRouteParams& p) {
          p.expert_ids.describe(), n, n_experts, p.logits.describe());
   }
   check_same_shape(kOp, "expert_ids", p.expert_ids, "expert_weights", p.expert_weights);
-  require_no_overlap(kOp, "expert_ids", p.expert_ids, "logits", p.logits);
-  require_no_overlap(kOp, "expert_weights", p.expert_weights, "logits", p.logits);
-  require_no_overlap(kOp, "expert_weights", p.expert_weights, "expert_ids", p.expert_ids);
+  check_no_alias(kOp, "expert_ids", p.expert_ids, "logits", p.logits);
+  check_no_alias(kOp, "expert_weights", p.expert_weights, "logits", p.logits);
+  check_no_alias(kOp, "expert_weights", p.expert_weights, "expert_ids", p.expert_ids);
   if (n_experts > std::numeric_limits<int32_t>::max()) {
     fail("moe_route: logits {} have too many experts for i32 ids", p.logits.describe());
   }
@@ -517,41 +443,12 @@ void CudaBackend::moe_experts(const MoeExpertsParams& p) {
   check_on(*this, kOp, "gate_up", p.gate_up);
   check_on(*this, kOp, "down", p.down);
   check_on(*this, kOp, "out", p.out);
-  check_dtype(kOp, "x", p.x, DType::kF32);
-  check_rank(kOp, "x", p.x, 2);
-  check_dtype(kOp, "expert_ids", p.expert_ids, DType::kI32);
-  check_rank(kOp, "expert_ids", p.expert_ids, 2);
-  check_dtype(kOp, "expert_weights", p.expert_weights, DType::kF32);
-  check_same_shape(kOp, "expert_ids", p.expert_ids, "expert_weights", p.expert_weights);
-  check_float(kOp, "gate_up", p.gate_up);
-  check_rank(kOp, "gate_up", p.gate_up, 3);
-  check_float(kOp, "down", p.down);
-  check_rank(kOp, "down", p.down, 3);
-  check_dtype(kOp, "out", p.out, DType::kF32);
-  check_same_shape(kOp, "x", p.x, "out", p.out);
-  const int64_t n = p.x.dim(0);
-  const int64_t h = p.x.dim(1);
-  const int64_t top_k = p.expert_ids.dim(1);
-  const int64_t n_experts = p.gate_up.dim(0);
-  const int64_t two_i = p.gate_up.dim(1);
-  const int64_t inter = two_i / 2;
-  if (p.expert_ids.dim(0) != n) {
-    fail("moe_experts: expert_ids {} must have one row per token of x {}", p.expert_ids.describe(),
-         p.x.describe());
-  }
-  if (two_i % 2 != 0 || p.gate_up.dim(2) != h) {
-    fail("moe_experts: gate_up {} must be [E, 2·I, {}] (gate rows then up rows) for x {}",
-         p.gate_up.describe(), h, p.x.describe());
-  }
-  if (p.down.shape() != Shape({n_experts, h, inter})) {
-    fail("moe_experts: down {} must be [{}, {}, {}] to match gate_up {} and x {}",
-         p.down.describe(), n_experts, h, inter, p.gate_up.describe(), p.x.describe());
-  }
-  require_no_overlap(kOp, "out", p.out, "x", p.x);
-  require_no_overlap(kOp, "out", p.out, "expert_ids", p.expert_ids);
-  require_no_overlap(kOp, "out", p.out, "expert_weights", p.expert_weights);
-  require_no_overlap(kOp, "out", p.out, "gate_up", p.gate_up);
-  require_no_overlap(kOp, "out", p.out, "down", p.down);
+  const ops::MoeExpertsDims dims = ops::check_moe_experts(p);
+  const int64_t n = dims.tokens;
+  const int64_t h = dims.hidden;
+  const int64_t top_k = dims.top_k;
+  const int64_t n_experts = dims.experts;
+  const int64_t inter = dims.inter;
   if (n_experts > kMaxExperts) {
     fail("moe_experts: gate_up {} has more than the supported {} experts", p.gate_up.describe(),
          kMaxExperts);

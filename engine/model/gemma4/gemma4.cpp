@@ -48,8 +48,9 @@ HostTensor rope_inv_freq(const RopeConfig& rope, int head_dim) {
 
 // Per-forward scratch, carved from the arena (views only).
 struct Gemma4Model::Scratch {
-  Tensor ids;          // i32 [M]
-  Tensor positions;    // i32 [M]
+  Tensor inputs;       // i32 [2·M]: ids then positions, uploaded together
+  Tensor ids;          // i32 [M] (first half of inputs)
+  Tensor positions;    // i32 [M] (second half of inputs)
   Tensor h;            // f32 [M, H] residual stream
   Tensor xn;           // f32 [M, H] normed input of a block
   Tensor o;            // f32 [M, H] block output
@@ -287,8 +288,7 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
       max_kv = std::max(max_kv, l.n_kv_heads);
       max_i = std::max(max_i, l.intermediate_size);
     }
-    s.ids = a.alloc(DType::kI32, {M});
-    s.positions = a.alloc(DType::kI32, {M});
+    s.inputs = a.alloc(DType::kI32, {2 * M});
     s.h = a.alloc(DType::kF32, {M, H});
     s.xn = a.alloc(DType::kF32, {M, H});
     s.o = a.alloc(DType::kF32, {M, H});
@@ -338,18 +338,18 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
   arena_.reset();
   carve(arena_);
   Scratch& s = *scratch_;
+  s.ids = s.inputs.slice_rows(0, M);
+  s.positions = s.inputs.slice_rows(M, 2 * M);
 
-  host_ids_.resize(static_cast<size_t>(M));
-  host_positions_.resize(static_cast<size_t>(M));
+  host_inputs_.resize(static_cast<size_t>(2 * M));
   for (size_t r = 0; r < rows.size(); ++r) {
     const RowPlan& p = plans_[r];
     for (int64_t i = 0; i < p.n; ++i) {
-      host_ids_[static_cast<size_t>(p.begin + i)] = rows[r].tokens[static_cast<size_t>(i)];
-      host_positions_[static_cast<size_t>(p.begin + i)] = static_cast<int32_t>(p.pos0 + i);
+      host_inputs_[static_cast<size_t>(p.begin + i)] = rows[r].tokens[static_cast<size_t>(i)];
+      host_inputs_[static_cast<size_t>(M + p.begin + i)] = static_cast<int32_t>(p.pos0 + i);
     }
   }
-  be.upload(host_ids_.data(), s.ids);
-  be.upload(host_positions_.data(), s.positions);
+  be.upload(host_inputs_.data(), s.inputs);  // one transfer (and one wait) per forward
 
   // Embedding (×√H cast to the table dtype) and per-layer inputs (§3.1-3.2).
   be.embedding(weights_.embed_tokens, s.ids, embed_scale_, s.h);
@@ -598,7 +598,6 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
     product(s.ple_gate, w.per_layer_projection, s.o, options);
     be.rms_norm_add(s.o, w.post_per_layer_input_norm, eps, s.h, layer_scalar);
   }
-  (void)options;
 }
 
 }  // namespace specula::gemma4

@@ -138,8 +138,8 @@ class Gemma4Model {
   // Per-forward scratch views (arena-owned).
   struct Scratch;
   std::unique_ptr<Scratch> scratch_;
-  std::vector<RowPlan> plans_;                      // reused across forwards
-  std::vector<int32_t> host_ids_, host_positions_;  // staging for the upload, reused
+  std::vector<RowPlan> plans_;        // reused across forwards
+  std::vector<int32_t> host_inputs_;  // ids then positions, staged for the upload; reused
 };
 
 // Builds the inverse frequencies of one layer type (gemma4-architecture.md §2.4):

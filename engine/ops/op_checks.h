@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+// Argument checks every backend's ops share (device checks stay per backend).
+// Each throws an Error naming the op and the tensor(s), so a bad call reads the
+// same on every device.
+#pragma once
+
+#include "engine/core/tensor.h"
+#include "engine/ops/backend.h"
+
+namespace specula::ops {
+
+void check_dtype(const char* op, const char* name, const Tensor& t, DType dtype);
+// f32, bf16 or f16.
+void check_float(const char* op, const char* name, const Tensor& t);
+void check_rank(const char* op, const char* name, const Tensor& t, int rank);
+// Same shape; the message names both tensors and both shapes.
+void check_same_shape(const char* op, const char* a_name, const Tensor& a, const char* b_name,
+                      const Tensor& b);
+// Whether two views share any byte.
+bool bytes_overlap(const Tensor& a, const Tensor& b);
+// `out` must not share any byte with `in`.
+void check_no_alias(const char* op, const char* out_name, const Tensor& out, const char* in_name,
+                    const Tensor& in);
+// `out` may be `in` itself (same first byte) but must not partially overlap it.
+void check_exact_alias(const char* op, const char* out_name, const Tensor& out, const char* in_name,
+                       const Tensor& in);
+
+// The dimensions of a checked attention call.
+struct AttentionDims {
+  int64_t queries = 0;  // S
+  int64_t heads = 0;    // query heads
+  int64_t head_dim = 0;
+  int64_t keys = 0;  // T: ring_keys for a ring, else k.dim(0)
+  int64_t kv_heads = 0;
+  bool ring = false;
+};
+// Every dtype, rank, shape and aliasing rule of AttentionParams (device checks
+// are the caller's). Throws an Error naming the tensors otherwise.
+AttentionDims check_attention(const AttentionParams& p);
+
+// The dimensions of a checked moe_experts call.
+struct MoeExpertsDims {
+  int64_t tokens = 0, hidden = 0, top_k = 0, experts = 0, inter = 0;
+};
+// Every dtype, rank, shape and aliasing rule of MoeExpertsParams (expert ids
+// are data, checked by the backend where it can read them).
+MoeExpertsDims check_moe_experts(const MoeExpertsParams& p);
+
+}  // namespace specula::ops
