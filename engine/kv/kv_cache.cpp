@@ -113,6 +113,25 @@ void SequenceKv::write_ring(int layer, int64_t pos, const Tensor& k, const Tenso
   s.written_end = pos + n;
 }
 
+SequenceKv::Storage SequenceKv::store_target(int layer, int64_t pos, int64_t n) {
+  LayerStore& s = store(layer);
+  SPECULA_CHECK(n >= 0 && n <= s.capacity, "layer {}: storing {} rows in a cache of {} rows", layer,
+                n, s.capacity);
+  if (!is_ring(layer)) {
+    SPECULA_CHECK(pos >= 0 && pos + n <= s.capacity,
+                  "layer {}: writing positions [{}, {}) past the context of {}", layer, pos,
+                  pos + n, s.capacity);
+    s.written_end = std::max(s.written_end, pos + n);
+  } else {
+    SPECULA_CHECK(pos >= 0 && pos <= s.written_end,
+                  "layer {}: ring write at {} leaves a gap after {}", layer, pos, s.written_end);
+    const int64_t kept_before = pos >= s.retained_from ? s.retained_from : pos;
+    s.retained_from = std::max(kept_before, pos + n - s.capacity);
+    s.written_end = pos + n;
+  }
+  return {s.k, s.v};
+}
+
 void SequenceKv::copy_rows(const Tensor& src, int64_t from, const Tensor& dst, int64_t to,
                            int64_t n) const {
   if (n <= 0) return;

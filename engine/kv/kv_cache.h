@@ -68,6 +68,16 @@ class SequenceKv {
   // row p % capacity (for attention that reads the ring in place).
   Tensor ring_storage_k(int layer) const;
   Tensor ring_storage_v(int layer) const;
+  // Where a backend's store_kv puts positions [pos, pos + n) of `layer` (row
+  // p mod R of the returned storage, f32 [R, kv, D] each): records them as
+  // written, exactly as write_full / write_ring would, and returns the whole
+  // storage. n must be at most R. The caller queues the store itself (the rows
+  // are then device-side work: a recorded step can replay it at new positions).
+  struct Storage {
+    Tensor k, v;
+  };
+  Storage store_target(int layer, int64_t pos, int64_t n);
+
   // Oldest position still stored in the ring of `layer`.
   int64_t ring_oldest(int layer) const;
 

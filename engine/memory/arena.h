@@ -35,6 +35,10 @@ class Arena {
   size_t used() const { return used_; }
   size_t capacity() const { return device_buffer_.data() ? device_buffer_.size() : buffer_.size(); }
   size_t high_water() const { return high_water_; }
+  // Start of the memory behind the views (null for a measuring arena).
+  const void* base() const {
+    return device_buffer_.data() ? device_buffer_.data() : static_cast<const void*>(buffer_.data());
+  }
 
  private:
   Buffer buffer_;

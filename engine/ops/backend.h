@@ -13,6 +13,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 
 #include "engine/core/tensor.h"
 #include "engine/memory/memory_resource.h"
@@ -42,6 +44,42 @@ struct AttentionParams {
   // invariant (CUDA: TF32 tensor-core products for 64+ queries). Never set it
   // where results must match a decode step bit for bit; the CPU ignores it.
   bool allow_fast_prefill = false;
+  // Step-invariant launch (for CUDA graphs): when > 0, the caller promises that
+  // the queries sit at consecutive positions, all below positions_bound, and that
+  // k/v hold every key each query can see (causal; a full cache read from
+  // position 0 (k_pos0 == 0), or a ring read in place). A backend may then derive
+  // each query's keys from q_positions alone and size its work by
+  // positions_bound, so one recorded launch serves every step below the bound.
+  // Results are identical either way; the CPU ignores it.
+  int64_t positions_bound = 0;
+};
+
+// Inputs of one attention layer for M new tokens (gemma4-architecture.md §4.2),
+// finished in place:
+//   q = rope(rms_norm(q) · q_norm)
+//   k = rope(rms_norm(k_raw) · k_norm)            (skipped when k is empty)
+//   v = rms_norm(v_raw), no weight; v_raw = k_raw when v_from_k, else v
+// and, when cache_k is set, row i of the finished k and v is stored at row
+// positions[i] mod R of cache_k / cache_v (see store_kv). Results are those of
+// rms_norm, rope, copy and store_kv in that order, bit for bit.
+struct AttentionInputsParams {
+  Tensor q;       // f32 [M, Nh, D]
+  Tensor q_norm;  // [D] any float
+  Tensor k;       // f32 [M, KV, D], or empty (a KV-shared layer: q only)
+  Tensor k_norm;  // [D] any float
+  Tensor v;       // f32 [M, KV, D] (written from k when v_from_k)
+  bool v_from_k = false;
+  Tensor positions;  // i32 [M]
+  Tensor inv_freq;   // f32 [D/2]
+  float eps = 1e-6f;
+  Tensor cache_k;  // optional f32 [R, KV, D]
+  Tensor cache_v;  // f32 [R, KV, D] when cache_k is set
+};
+
+// One output of linear_multi: y = x · wᵀ.
+struct LinearOut {
+  Tensor w;  // [N, K] f32|bf16|f16
+  Tensor y;  // f32 [M, N]
 };
 
 // Mixture-of-experts routing of N tokens over E experts (gemma4-architecture.md §6).
@@ -61,6 +99,13 @@ struct MoeExpertsParams {
   Tensor gate_up;         // [E, 2·I, H]: rows [0, I) gate, [I, 2I) up
   Tensor down;            // [E, H, I]
   Tensor out;             // f32 [N, H]; must not alias x
+};
+
+// A recorded sequence of ops (Backend::begin_capture); owned by the caller, used
+// only with the backend that recorded it.
+class StepGraph {
+ public:
+  virtual ~StepGraph() = default;
 };
 
 // A Backend is also the MemoryResource of its device: allocate()/release()
@@ -87,6 +132,20 @@ class Backend : public MemoryResource {
 
   // y[M, N] = x[M, K] · w[N, K]ᵀ. x, y f32; w f32|bf16|f16. y must not alias x.
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
+  // Several products of one x (q/k/v, gate/up): each y = x · wᵀ exactly as
+  // linear() computes it; a backend may run them as one launch. No y may alias x.
+  virtual void linear_multi(const Tensor& x, std::span<const LinearOut> outs) {
+    for (const LinearOut& o : outs) linear(x, o.w, o.y);
+  }
+  // The gated MLP's first half: gate = gelu_tanh(x · w_gateᵀ) ⊙ (x · w_upᵀ), with
+  // `up` f32 [M, I] as scratch (its contents afterwards are unspecified). Same
+  // results as linear_multi then gelu_mul (the default); a backend may fuse them.
+  virtual void linear_gelu_mul(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                               const Tensor& gate, const Tensor& up) {
+    const LinearOut outs[2] = {{w_gate, gate}, {w_up, up}};
+    linear_multi(x, outs);
+    gelu_mul(gate, up, gate);
+  }
   // linear() for prompt prefill: a backend may use a faster path that is
   // deterministic but not batch invariant (CUDA: cuBLASLt from 17 rows). Never
   // for products whose rows must match a decode step bit for bit.
@@ -111,11 +170,29 @@ class Backend : public MemoryResource {
     add(residual, x, residual);
     if (post_scale != 1.0f) scale(residual, post_scale, residual);
   }
+  // The residual update followed by the next block's input norm:
+  // rms_norm_add(x, weight, eps, residual, post_scale), then
+  // next_out = rms_norm(residual) · next_weight. Same results as the two calls
+  // (the default); next_out f32 like residual, must not alias x or residual.
+  virtual void rms_norm_add_norm(const Tensor& x, const Tensor& weight, float eps,
+                                 const Tensor& residual, float post_scale,
+                                 const Tensor& next_weight, const Tensor& next_out) {
+    rms_norm_add(x, weight, eps, residual, post_scale);
+    rms_norm(residual, next_weight, eps, next_out);
+  }
   // Rotate-half RoPE in place: for each row m and head, pairs (j, j + D/2) rotate by
   // angle positions[m] · inv_freq[j]. x f32 [M, heads, D]; positions i32 [M];
   // inv_freq f32 [D/2] (zeros leave a pair unrotated).
   virtual void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) = 0;
   virtual void attention(const AttentionParams& p) = 0;
+  // See AttentionInputsParams. The default composes rms_norm, rope, copy and store_kv.
+  virtual void attention_inputs(const AttentionInputsParams& p);
+  // Cache store by device positions: row i of k and v f32 [n, KV, D] goes to row
+  // positions[i] mod R of cache_k / cache_v f32 [R, KV, D]; positions i32 [n] >= 0 and
+  // pairwise distinct mod R. Reading positions on the device (not a host offset)
+  // is what lets a recorded step write each step's rows where they belong.
+  virtual void store_kv(const Tensor& k, const Tensor& v, const Tensor& positions,
+                        const Tensor& cache_k, const Tensor& cache_v) = 0;
   // out = gelu_tanh(gate) ⊙ up; f32, same shapes; out may alias gate or up.
   virtual void gelu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
   // out = gelu_tanh(x); out may alias x.
@@ -142,6 +219,22 @@ class Backend : public MemoryResource {
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
   // out[b, a, :] = x[a, b, :]. x f32 [A, B, C], out f32 [B, A, C]; no aliasing.
   virtual void transpose01(const Tensor& x, const Tensor& out) = 0;
+
+  // ---- recorded steps (CUDA graphs) ----
+  // A backend that supports it records the ops queued between begin_capture()
+  // and end_capture() (without running them) and queues them again, with the
+  // same arguments, on replay(). Every pointer and scalar is frozen at capture:
+  // what changes from step to step must be read from device memory (token ids,
+  // positions; see AttentionParams::positions_bound). Between begin and end no
+  // upload, download, synchronize or scratch growth may happen (run the same
+  // step once unrecorded first). The CPU backend has none (supports_graphs()
+  // false; the other calls throw).
+  virtual bool supports_graphs() const { return false; }
+  virtual void begin_capture();
+  virtual std::unique_ptr<StepGraph> end_capture();
+  // Queues a recorded step again. Returns false, queuing nothing, when the graph
+  // is stale (the backend's scratch moved since it was recorded): record anew.
+  virtual bool replay(StepGraph& graph);
 };
 
 }  // namespace specula

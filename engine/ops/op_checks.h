@@ -39,6 +39,26 @@ struct AttentionDims {
 AttentionDims check_attention(const AttentionParams& p);
 
 // The dimensions of a checked moe_experts call.
+// Checks store_kv's arguments (op names the caller); returns the rows written.
+struct StoreKvDims {
+  int64_t rows = 0;        // n
+  int64_t row_floats = 0;  // KV · D
+  int64_t cache_rows = 0;  // R
+};
+StoreKvDims check_store_kv(const char* op, const Tensor& k, const Tensor& v,
+                           const Tensor& positions, const Tensor& cache_k, const Tensor& cache_v);
+
+// Checks AttentionInputsParams (shapes, dtypes, the optional cache).
+struct AttentionInputsDims {
+  int64_t tokens = 0;    // M
+  int64_t heads = 0;     // Nh
+  int64_t kv_heads = 0;  // KV (0 without k)
+  int64_t head_dim = 0;  // D
+  bool has_k = false;
+  bool has_cache = false;
+};
+AttentionInputsDims check_attention_inputs(const AttentionInputsParams& p);
+
 struct MoeExpertsDims {
   int64_t tokens = 0, hidden = 0, top_k = 0, experts = 0, inter = 0;
 };

@@ -89,11 +89,97 @@ AttentionDims check_attention(const AttentionParams& p) {
          dims.queries, p.q.describe());
   }
   if (p.window < 0) fail("attention: window must be >= 0 (0 = no window), got {}", p.window);
+  if (p.positions_bound < 0 || (p.positions_bound > 0 && !dims.ring && p.k_pos0 != 0)) {
+    fail(
+        "attention: positions_bound {} needs keys from position 0 or a ring read in place "
+        "(k_pos0 {}, ring_keys {})",
+        p.positions_bound, p.k_pos0, p.ring_keys);
+  }
   check_no_alias(kOp, "out", p.out, "q", p.q);
   check_no_alias(kOp, "out", p.out, "k", p.k);
   check_no_alias(kOp, "out", p.out, "v", p.v);
   check_no_alias(kOp, "out", p.out, "q_positions", p.q_positions);
   return dims;
+}
+
+StoreKvDims check_store_kv(const char* op, const Tensor& k, const Tensor& v,
+                           const Tensor& positions, const Tensor& cache_k, const Tensor& cache_v) {
+  check_dtype(op, "k", k, DType::kF32);
+  check_dtype(op, "v", v, DType::kF32);
+  check_dtype(op, "cache_k", cache_k, DType::kF32);
+  check_dtype(op, "cache_v", cache_v, DType::kF32);
+  check_dtype(op, "positions", positions, DType::kI32);
+  check_rank(op, "k", k, 3);
+  check_rank(op, "cache_k", cache_k, 3);
+  check_same_shape(op, "k", k, "v", v);
+  check_same_shape(op, "cache_k", cache_k, "cache_v", cache_v);
+  if (k.dim(1) != cache_k.dim(1) || k.dim(2) != cache_k.dim(2)) {
+    fail("{}: rows of k {} do not match the rows of cache_k {}", op, k.describe(),
+         cache_k.describe());
+  }
+  if (positions.shape() != Shape({k.dim(0)})) {
+    fail("{}: positions {} must be i32[{}] for k {}", op, positions.describe(), k.dim(0),
+         k.describe());
+  }
+  if (k.dim(0) > cache_k.dim(0)) {
+    fail("{}: {} rows of k {} cannot land on distinct rows of cache_k {}", op, k.dim(0),
+         k.describe(), cache_k.describe());
+  }
+  check_no_alias(op, "cache_k", cache_k, "k", k);
+  check_no_alias(op, "cache_v", cache_v, "v", v);
+  check_no_alias(op, "cache_k", cache_k, "cache_v", cache_v);
+  return {k.dim(0), k.dim(1) * k.dim(2), cache_k.dim(0)};
+}
+
+AttentionInputsDims check_attention_inputs(const AttentionInputsParams& p) {
+  constexpr const char* kOp = "attention_inputs";
+  check_dtype(kOp, "q", p.q, DType::kF32);
+  check_rank(kOp, "q", p.q, 3);
+  check_float(kOp, "q_norm", p.q_norm);
+  check_dtype(kOp, "positions", p.positions, DType::kI32);
+  check_dtype(kOp, "inv_freq", p.inv_freq, DType::kF32);
+  AttentionInputsDims d;
+  d.tokens = p.q.dim(0);
+  d.heads = p.q.dim(1);
+  d.head_dim = p.q.dim(2);
+  if (d.head_dim % 2 != 0) fail("{}: head dimension of q {} must be even", kOp, p.q.describe());
+  if (p.q_norm.shape() != Shape({d.head_dim})) {
+    fail("{}: q_norm {} must be [{}] for q {}", kOp, p.q_norm.describe(), d.head_dim,
+         p.q.describe());
+  }
+  if (p.positions.shape() != Shape({d.tokens})) {
+    fail("{}: positions {} must be i32[{}] for q {}", kOp, p.positions.describe(), d.tokens,
+         p.q.describe());
+  }
+  if (p.inv_freq.shape() != Shape({d.head_dim / 2})) {
+    fail("{}: inv_freq {} must be f32[{}] for q {}", kOp, p.inv_freq.describe(), d.head_dim / 2,
+         p.q.describe());
+  }
+  d.has_k = !p.k.empty();
+  if (!d.has_k) {
+    if (!p.cache_k.empty()) fail("{}: a cache store needs k (got only q)", kOp);
+    return d;
+  }
+  check_dtype(kOp, "k", p.k, DType::kF32);
+  check_dtype(kOp, "v", p.v, DType::kF32);
+  check_rank(kOp, "k", p.k, 3);
+  check_same_shape(kOp, "k", p.k, "v", p.v);
+  check_float(kOp, "k_norm", p.k_norm);
+  if (p.k.dim(0) != d.tokens || p.k.dim(2) != d.head_dim) {
+    fail("{}: k {} does not match q {} (tokens and head dimension)", kOp, p.k.describe(),
+         p.q.describe());
+  }
+  if (p.k_norm.shape() != Shape({d.head_dim})) {
+    fail("{}: k_norm {} must be [{}] for k {}", kOp, p.k_norm.describe(), d.head_dim,
+         p.k.describe());
+  }
+  d.kv_heads = p.k.dim(1);
+  check_no_alias(kOp, "k", p.k, "q", p.q);
+  check_no_alias(kOp, "v", p.v, "q", p.q);
+  check_no_alias(kOp, "v", p.v, "k", p.k);
+  d.has_cache = !p.cache_k.empty();
+  if (d.has_cache) check_store_kv(kOp, p.k, p.v, p.positions, p.cache_k, p.cache_v);
+  return d;
 }
 
 MoeExpertsDims check_moe_experts(const MoeExpertsParams& p) {
@@ -139,3 +225,32 @@ MoeExpertsDims check_moe_experts(const MoeExpertsParams& p) {
 }
 
 }  // namespace specula::ops
+
+namespace specula {
+
+void Backend::attention_inputs(const AttentionInputsParams& p) {
+  const ops::AttentionInputsDims d = ops::check_attention_inputs(p);
+  const float eps = p.eps;
+  rms_norm(p.q, p.q_norm, eps, p.q);
+  rope(p.q, p.positions, p.inv_freq);
+  if (!d.has_k) return;
+  if (p.v_from_k) copy(p.k, p.v);  // V derives from the raw K projection
+  rms_norm(p.k, p.k_norm, eps, p.k);
+  rope(p.k, p.positions, p.inv_freq);
+  rms_norm(p.v, Tensor(), eps, p.v);
+  if (d.has_cache) store_kv(p.k, p.v, p.positions, p.cache_k, p.cache_v);
+}
+
+void Backend::begin_capture() {
+  fail("{}: this backend cannot record steps (supports_graphs() is false)", name());
+}
+
+std::unique_ptr<StepGraph> Backend::end_capture() {
+  fail("{}: this backend cannot record steps (supports_graphs() is false)", name());
+}
+
+bool Backend::replay(StepGraph&) {
+  fail("{}: this backend cannot replay recorded steps", name());
+}
+
+}  // namespace specula

@@ -877,5 +877,130 @@ TEST_F(CpuBackendTest, CopyCopiesBytesAndChecksShapes) {
   expect_error([&] { be_.copy(src, wrong_type); }, {"copy", "bf16[3, 5]", "f32[3, 5]"});
 }
 
+// ---- fused forms (Backend defaults on the CPU) ----
+
+bool same_bits(const HostTensor& a, const HostTensor& b) {
+  return a.view().nbytes() == b.view().nbytes() &&
+         std::memcmp(a.view().data(), b.view().data(), a.view().nbytes()) == 0;
+}
+
+HostTensor clone(const HostTensor& t) {
+  HostTensor c(t.dtype(), t.shape());
+  std::memcpy(c.view().data(), t.view().data(), t.view().nbytes());
+  return c;
+}
+
+TEST_F(CpuBackendTest, LinearMultiAndLinearGeluMulEqualTheirCompositions) {
+  const HostTensor x = random({3, 40});
+  const HostTensor wa = random(DType::kBF16, {24, 40});
+  const HostTensor wb = random(DType::kBF16, {24, 40});
+  const HostTensor wc = random(DType::kBF16, {8, 40});
+  HostTensor ya(DType::kF32, {3, 24}), yb(DType::kF32, {3, 24}), yc(DType::kF32, {3, 8});
+  const LinearOut outs[3] = {{wa, ya}, {wb, yb}, {wc, yc}};
+  be_.linear_multi(x, outs);
+  HostTensor want(DType::kF32, {3, 24});
+  be_.linear(x, wa, want);
+  EXPECT_TRUE(same_bits(ya, want));
+  HostTensor want_c(DType::kF32, {3, 8});
+  be_.linear(x, wc, want_c);
+  EXPECT_TRUE(same_bits(yc, want_c));
+
+  HostTensor gate(DType::kF32, {3, 24}), up(DType::kF32, {3, 24});
+  be_.linear_gelu_mul(x, wa, wb, gate, up);
+  HostTensor g2(DType::kF32, {3, 24}), u2(DType::kF32, {3, 24});
+  be_.linear(x, wa, g2);
+  be_.linear(x, wb, u2);
+  be_.gelu_mul(g2, u2, g2);
+  EXPECT_TRUE(same_bits(gate, g2));
+}
+
+TEST_F(CpuBackendTest, RmsNormAddNormEqualsItsComposition) {
+  const HostTensor x = random({4, 32});
+  const HostTensor residual = random({4, 32});
+  const HostTensor w = random(DType::kBF16, {32});
+  const HostTensor next_w = random(DType::kBF16, {32});
+  HostTensor x1 = clone(x), r1 = clone(residual), out1(DType::kF32, {4, 32});
+  be_.rms_norm_add_norm(x1, w, 1e-6f, r1, 0.5f, next_w, out1);
+  HostTensor x2 = clone(x), r2 = clone(residual), out2(DType::kF32, {4, 32});
+  be_.rms_norm_add(x2, w, 1e-6f, r2, 0.5f);
+  be_.rms_norm(r2, next_w, 1e-6f, out2);
+  EXPECT_TRUE(same_bits(r1, r2));
+  EXPECT_TRUE(same_bits(out1, out2));
+}
+
+// attention_inputs: norms and RoPE of q and k, v from the raw k (k_eq_v) or its
+// own projection, and the store at positions mod R, exactly as the base ops.
+TEST_F(CpuBackendTest, AttentionInputsEqualNormRopeAndStore) {
+  const int64_t m = 3, nh = 4, kvh = 2, d = 8, ring = 5;
+  HostTensor inv_freq(DType::kF32, {d / 2});
+  for (int64_t j = 0; j < d / 2; ++j) inv_freq.data<float>()[j] = 1.0f / static_cast<float>(j + 1);
+  HostTensor pos(DType::kI32, {m});
+  for (int64_t i = 0; i < m; ++i) pos.data<int32_t>()[i] = static_cast<int32_t>(4 + i);  // wraps
+  const HostTensor qn = random(DType::kBF16, {d}), kn = random(DType::kBF16, {d});
+  for (bool v_from_k : {false, true}) {
+    const HostTensor q = random({m, nh, d}), k = random({m, kvh, d}), v = random({m, kvh, d});
+    HostTensor q1 = clone(q), k1 = clone(k), v1 = clone(v);
+    HostTensor ck1(DType::kF32, {ring, kvh, d}), cv1(DType::kF32, {ring, kvh, d});
+    AttentionInputsParams p{.q = q1,
+                            .q_norm = qn,
+                            .k = k1,
+                            .k_norm = kn,
+                            .v = v1,
+                            .v_from_k = v_from_k,
+                            .positions = pos,
+                            .inv_freq = inv_freq,
+                            .eps = 1e-6f,
+                            .cache_k = ck1,
+                            .cache_v = cv1};
+    be_.attention_inputs(p);
+    HostTensor q2 = clone(q), k2 = clone(k), v2 = clone(v);
+    be_.rms_norm(q2, qn, 1e-6f, q2);
+    be_.rope(q2, pos, inv_freq);
+    if (v_from_k) be_.copy(k2, v2);
+    be_.rms_norm(k2, kn, 1e-6f, k2);
+    be_.rope(k2, pos, inv_freq);
+    be_.rms_norm(v2, Tensor(), 1e-6f, v2);
+    EXPECT_TRUE(same_bits(q1, q2));
+    EXPECT_TRUE(same_bits(k1, k2));
+    EXPECT_TRUE(same_bits(v1, v2));
+    const int64_t row = kvh * d;
+    for (int64_t i = 0; i < m; ++i) {
+      const int64_t slot = (4 + i) % ring;
+      EXPECT_EQ(std::memcmp(ck1.data<float>() + slot * row, k2.data<float>() + i * row,
+                            static_cast<size_t>(row) * sizeof(float)),
+                0);
+      EXPECT_EQ(std::memcmp(cv1.data<float>() + slot * row, v2.data<float>() + i * row,
+                            static_cast<size_t>(row) * sizeof(float)),
+                0);
+    }
+  }
+  // q only (a KV-shared layer), and bad arguments.
+  HostTensor q = random({m, nh, d});
+  AttentionInputsParams only_q{.q = q, .q_norm = qn, .positions = pos, .inv_freq = inv_freq};
+  be_.attention_inputs(only_q);
+  HostTensor bad_pos(DType::kI32, {m + 1});
+  AttentionInputsParams bad{.q = q, .q_norm = qn, .positions = bad_pos, .inv_freq = inv_freq};
+  EXPECT_THROW(be_.attention_inputs(bad), Error);
+}
+
+TEST_F(CpuBackendTest, StoreKvWritesRowsAtPositionsModRAndRejectsBadInput) {
+  const HostTensor k = random({2, 1, 4}), v = random({2, 1, 4});
+  HostTensor ck(DType::kF32, {3, 1, 4}), cv(DType::kF32, {3, 1, 4});
+  HostTensor pos(DType::kI32, {2});
+  pos.data<int32_t>()[0] = 7;  // row 1
+  pos.data<int32_t>()[1] = 9;  // row 0
+  be_.store_kv(k, v, pos, ck, cv);
+  EXPECT_EQ(std::memcmp(ck.data<float>() + 4, k.data<float>(), 16), 0);
+  EXPECT_EQ(std::memcmp(cv.data<float>(), v.data<float>() + 4, 16), 0);
+  pos.data<int32_t>()[1] = -1;
+  EXPECT_THROW(be_.store_kv(k, v, pos, ck, cv), Error);
+  HostTensor small(DType::kF32, {1, 1, 4}), small_v(DType::kF32, {1, 1, 4});
+  EXPECT_THROW(be_.store_kv(k, v, pos, small, small_v), Error);  // 2 rows into 1
+  HostTensor wide(DType::kF32, {3, 1, 8}), wide_v(DType::kF32, {3, 1, 8});
+  EXPECT_THROW(be_.store_kv(k, v, pos, wide, wide_v), Error);
+  EXPECT_FALSE(be_.supports_graphs());
+  EXPECT_THROW(be_.begin_capture(), Error);
+}
+
 }  // namespace
 }  // namespace specula

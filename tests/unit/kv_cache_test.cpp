@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <gtest/gtest.h>
 
+#include "engine/backend/backends.h"
 #include "engine/kv/kv_cache.h"
 
 namespace specula {
@@ -71,6 +72,47 @@ TEST(SequenceKv, RollbackBeyondTheRetainedWindowIsRefused) {
   EXPECT_EQ(kv.length(), 12);
   kv.truncate(11);  // needs 6..10: fine
   EXPECT_EQ(kv.length(), 11);
+}
+
+// store_target + store_kv (what decode steps use, so a recorded step can write
+// at new positions) keep the same rows and the same bookkeeping as
+// write_ring / write_full, including across a ring wrap and a rollback.
+TEST(SequenceKv, StoreTargetWithStoreKvEqualsWriteRingAndWriteFull) {
+  Backend& be = backend_for(Device::cpu());
+  SequenceKv written(tiny_spec());
+  SequenceKv stored(tiny_spec());
+  auto store = [&](int64_t from, int64_t n, float junk) {
+    HostTensor k(DType::kF32, {n, 1, 1}), v(DType::kF32, {n, 1, 1});
+    HostTensor pos(DType::kI32, {n});
+    for (int64_t i = 0; i < n; ++i) {
+      k.data<float>()[i] = static_cast<float>(from + i) + junk;
+      v.data<float>()[i] = static_cast<float>(-(from + i));
+      pos.data<int32_t>()[i] = static_cast<int32_t>(from + i);
+    }
+    for (int layer : {0, 1}) {
+      const SequenceKv::Storage st = stored.store_target(layer, from, n);
+      be.store_kv(k, v, pos, st.k, st.v);
+    }
+    stored.commit(n);
+  };
+  for (int64_t p = 0; p < 9; ++p) {
+    write_positions(written, p, 1);
+    store(p, 1, 0);
+  }
+  write_positions(written, 9, 1, 100);  // a rejected verify token
+  store(9, 1, 100);
+  written.truncate(9);
+  stored.truncate(9);
+  write_positions(written, 9, 2);
+  store(9, 2, 0);
+  EXPECT_EQ(stored.ring_oldest(0), written.ring_oldest(0));
+  EXPECT_EQ(ring_keys(stored, 5, 11), ring_keys(written, 5, 11));
+  EXPECT_EQ(ring_keys(stored, 5, 11), (std::vector<float>{5, 6, 7, 8, 9, 10}));
+  const auto fs = stored.full_keys(1, 11).f32(), fw = written.full_keys(1, 11).f32();
+  EXPECT_EQ(std::vector<float>(fs.begin(), fs.end()), std::vector<float>(fw.begin(), fw.end()));
+  // More rows than the ring holds, and past the context, are refused.
+  EXPECT_THROW(stored.store_target(0, 11, 7), Error);
+  EXPECT_THROW(stored.store_target(1, 60, 5), Error);
 }
 
 TEST(SequenceKv, ContextOverflowNamesTheSize) {

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <utility>
 
 #include "engine/backend/backends.h"
 #include "engine/ops/uniform_hash.h"
@@ -118,6 +119,29 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
   // memmove: an overlapping copy is well defined (if rarely meaningful).
   if (src.nbytes() != 0 && src.data() != dst.data())
     std::memmove(dst.data(), src.data(), src.nbytes());
+}
+
+void CpuBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& positions,
+                          const Tensor& cache_k, const Tensor& cache_v) {
+  constexpr const char* kOp = "store_kv";
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"k", &k},
+                                {"v", &v},
+                                {"positions", &positions},
+                                {"cache_k", &cache_k},
+                                {"cache_v", &cache_v}}) {
+    cpu::check_host(kOp, name, *t);
+  }
+  const ops::StoreKvDims d = ops::check_store_kv(kOp, k, v, positions, cache_k, cache_v);
+  const int32_t* pos = positions.data_as<const int32_t>();
+  const size_t row_bytes = static_cast<size_t>(d.row_floats) * sizeof(float);
+  for (int64_t i = 0; i < d.rows; ++i) {
+    if (pos[i] < 0) fail("{}: position {} of row {} is negative", kOp, pos[i], i);
+    const int64_t slot = pos[i] % d.cache_rows;
+    std::memcpy(cache_k.data_as<char>() + slot * row_bytes, k.data_as<const char>() + i * row_bytes,
+                row_bytes);
+    std::memcpy(cache_v.data_as<char>() + slot * row_bytes, v.data_as<const char>() + i * row_bytes,
+                row_bytes);
+  }
 }
 
 }  // namespace specula

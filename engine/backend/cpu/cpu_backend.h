@@ -63,6 +63,9 @@ class CpuBackend final : public Backend {
   void moe_route(const MoeRouteParams& p) override;
   void moe_experts(const MoeExpertsParams& p) override;
   void copy(const Tensor& src, const Tensor& dst) override;
+  // A negative position throws (the CPU can check; see Backend::store_kv).
+  void store_kv(const Tensor& k, const Tensor& v, const Tensor& positions, const Tensor& cache_k,
+                const Tensor& cache_v) override;
 
  private:
   // Reused by linear / moe_experts for bf16/f16 weight blocks converted to f32.
