@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Device helpers shared by the CUDA op files (included only by .cu files):
-// dtype dispatch, exact widening loads, the CPU's GELU and exp, warp sums.
+// dtype dispatch, exact widening loads, the CPU's GELU and exp, warp and block
+// sums, and the per-element RMSNorm and RoPE arithmetic.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -74,6 +75,80 @@ __device__ __forceinline__ float warp_sum(float v) {
 __device__ __forceinline__ double warp_sum(double v) {
   for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
   return v;
+}
+
+// Sum over a whole block of kBlockThreads threads in a fixed order: warp
+// butterflies, then every thread adds the warp partials in warp order. All
+// threads must call it; `partials` is kBlockThreads / 32 doubles of shared memory.
+template <int kBlockThreads>
+__device__ __forceinline__ double fixed_block_sum(double v, double* partials) {
+  v = warp_sum(v);
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) partials[warp] = v;
+  __syncthreads();
+  double total = 0.0;
+  for (int w = 0; w < kBlockThreads / 32; ++w) total += partials[w];
+  __syncthreads();  // partials may be reused by the caller's next reduction
+  return total;
+}
+
+// ---- RMSNorm and RoPE arithmetic ----
+// One definition for every kernel that normalises or rotates a row (rms_norm,
+// rms_norm_add, rope in cuda_elementwise.cu; the fused ops in cuda_fused.cu), so
+// a fused kernel rounds exactly as the separate ops do: same operations, same
+// order, as long as it also gives each row the same thread pattern (element c of
+// a row handled by lane c % kGroup, in increasing c).
+
+// Adds x² to a thread's running sum of squares (kept in double, like the CPU's).
+__device__ __forceinline__ void rms_accumulate(double& sum, float x) {
+  const double v = x;
+  sum += v * v;
+}
+
+// The sum of squares of one row over its kGroup threads (32: a warp, or the
+// whole block of kBlockThreads); every thread of the group gets the total.
+template <int kGroup, int kBlockThreads>
+__device__ __forceinline__ double rms_group_sum(double partial, double* partials) {
+  if constexpr (kGroup == 32) {
+    return warp_sum(partial);
+  } else {
+    static_assert(kGroup == kBlockThreads, "a row group is a warp or the whole block");
+    return fixed_block_sum<kBlockThreads>(partial, partials);
+  }
+}
+
+// (mean + eps)^-1/2 of a row of d floats whose squares sum to `sum`, rounded
+// once from double: as close as f32 gets to the CPU's powf(mean + eps, -0.5f).
+__device__ __forceinline__ float rms_inv(double sum, int64_t d, float eps) {
+  const float mean = static_cast<float>(sum / static_cast<double>(d));
+  return static_cast<float>(1.0 / sqrt(static_cast<double>(__fadd_rn(mean, eps))));
+}
+
+// Normalised element c of a row: x · inv, then · weight[c] unless weight is null.
+template <DType kDt>
+__device__ __forceinline__ float rms_apply(float x, float inv, const void* weight, int64_t c) {
+  const float v = __fmul_rn(x, inv);
+  return weight != nullptr ? __fmul_rn(v, load_float<kDt>(weight, c)) : v;
+}
+
+// rms_norm_add's residual update of one element: (r + v), then · post_scale
+// unless post_scale is 1 (as add, then scale only when asked).
+__device__ __forceinline__ float residual_update(float r, float v, float post_scale) {
+  float sum = __fadd_rn(r, v);
+  if (post_scale != 1.0f) sum = __fmul_rn(sum, post_scale);
+  return sum;
+}
+
+// Rotate-half RoPE of one pair (x1, x2) = (row[j], row[j + D/2]) by the angle
+// float(position) · inv_freq[j], in f32 as the CPU (and HF) do. Returns the new
+// (row[j], row[j + D/2]).
+__device__ __forceinline__ float2 rope_rotate(float x1, float x2, int32_t position,
+                                              float inv_freq) {
+  const float angle = __fmul_rn(static_cast<float>(position), inv_freq);
+  float s, c;
+  sincosf(angle, &s, &c);
+  return make_float2(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s)),
+                     __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
 }
 
 }  // namespace specula::cuda

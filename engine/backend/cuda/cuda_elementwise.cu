@@ -98,18 +98,10 @@ __device__ __forceinline__ uint16_t f16_bits(float f) {
   return static_cast<uint16_t>(half);
 }
 
-// Sum over the whole block (blockDim.x == kThreads) in a fixed order: warp
-// butterflies, then every thread adds the warp partials in warp order. All
-// threads must call it; `partials` is kThreads / 32 doubles of shared memory.
+// Sum over the whole block (blockDim.x == kThreads) in a fixed order
+// (fixed_block_sum, cuda_device_common.cuh). All threads must call it.
 __device__ __forceinline__ double block_sum(double v, double* partials) {
-  v = warp_sum(v);
-  const int warp = threadIdx.x / 32;
-  if (threadIdx.x % 32 == 0) partials[warp] = v;
-  __syncthreads();
-  double total = 0.0;
-  for (int w = 0; w < kThreads / 32; ++w) total += partials[w];
-  __syncthreads();  // partials may be reused by the caller's next reduction
-  return total;
+  return fixed_block_sum<kThreads>(v, partials);
 }
 
 // Largest value, ignoring NaN, as the CPU's std::max(m, v) (which keeps m when
@@ -133,7 +125,8 @@ __device__ __forceinline__ float block_max(float v, float* partials) {
 
 // kGroup threads (32: one warp, or kThreads: the block) normalise one row of d
 // floats; the sum of squares is in double, like the CPU's, and rounded once.
-// Row r is handled by the same kGroup-thread pattern whatever `rows` is.
+// Row r is handled by the same kGroup-thread pattern whatever `rows` is. The
+// arithmetic is cuda_device_common.cuh's rms_* helpers, shared with cuda_fused.cu.
 template <DType kDt, int kGroup>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const float* x, const void* weight, float eps, float* out, int64_t rows,
@@ -150,38 +143,21 @@ __global__ void __launch_bounds__(kThreads)
     const float* xr = x + (active ? r : 0) * d;
     double sum = 0.0;
     if (active) {
-      for (int64_t j = lane; j < d; j += kGroup) {
-        const double v = xr[j];
-        sum += v * v;
-      }
+      for (int64_t j = lane; j < d; j += kGroup) rms_accumulate(sum, xr[j]);
     }
-    if constexpr (kGroup == 32) {
-      sum = warp_sum(sum);
-    } else {
-      sum = block_sum(sum, partials);
-    }
+    sum = rms_group_sum<kGroup, kThreads>(sum, partials);
     if (!active) continue;
-    const float mean = static_cast<float>(sum / static_cast<double>(d));
-    // (mean + eps)^-1/2 rounded once from double, as close as f32 gets to the
-    // CPU's powf(mean + eps, -0.5f).
-    const float inv = static_cast<float>(1.0 / sqrt(static_cast<double>(__fadd_rn(mean, eps))));
+    const float inv = rms_inv(sum, d, eps);
     float* orow = out + r * d;
     // Every element is read (above) and written (here) by the same thread, after
     // the reduction, so out may be x itself.
     if (residual == nullptr) {
-      for (int64_t c = lane; c < d; c += kGroup) {
-        const float v = __fmul_rn(xr[c], inv);
-        orow[c] = weight != nullptr ? __fmul_rn(v, load_float<kDt>(weight, c)) : v;
-      }
+      for (int64_t c = lane; c < d; c += kGroup) orow[c] = rms_apply<kDt>(xr[c], inv, weight, c);
     } else {
       // rms_norm_add: the same roundings as rms_norm, then add, then scale.
       float* rrow = residual + r * d;
       for (int64_t c = lane; c < d; c += kGroup) {
-        float v = __fmul_rn(xr[c], inv);
-        if (weight != nullptr) v = __fmul_rn(v, load_float<kDt>(weight, c));
-        float sum = __fadd_rn(rrow[c], v);
-        if (post_scale != 1.0f) sum = __fmul_rn(sum, post_scale);
-        rrow[c] = sum;
+        rrow[c] = residual_update(rrow[c], rms_apply<kDt>(xr[c], inv, weight, c), post_scale);
       }
     }
   }
@@ -190,7 +166,8 @@ __global__ void __launch_bounds__(kThreads)
 // ---- rope ----
 
 // One thread per (row, head, pair j): rotates (j, j + half) in place by
-// float(position) * inv_freq[j], in f32 as the CPU (and HF) do.
+// float(position) * inv_freq[j], in f32 as the CPU (and HF) do (rope_rotate,
+// shared with cuda_fused.cu).
 __global__ void rope_kernel(float* x, const int32_t* positions, const float* inv_freq,
                             int64_t heads, int64_t half, int64_t total) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
@@ -198,14 +175,10 @@ __global__ void rope_kernel(float* x, const int32_t* positions, const float* inv
     const int64_t j = i % half;
     const int64_t row_head = i / half;  // m * heads + h
     const int64_t m = row_head / heads;
-    const float angle = __fmul_rn(static_cast<float>(positions[m]), inv_freq[j]);
-    float s, c;
-    sincosf(angle, &s, &c);
     float* row = x + row_head * 2 * half;
-    const float x1 = row[j];
-    const float x2 = row[j + half];
-    row[j] = __fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, s));
-    row[j + half] = __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s));
+    const float2 y = rope_rotate(row[j], row[j + half], positions[m], inv_freq[j]);
+    row[j] = y.x;
+    row[j + half] = y.y;
   }
 }
 

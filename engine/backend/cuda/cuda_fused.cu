@@ -1,0 +1,440 @@
+// SPDX-License-Identifier: Apache-2.0
+// Fused steps of a decoder layer on the GPU: store_kv (the cache store by
+// device positions), rms_norm_add_norm (residual update plus the next block's
+// input norm) and attention_inputs (q/k/v norms, RoPE and the cache store of one
+// attention layer in a single launch).
+//
+// Each fused kernel is bit-identical to the separate CUDA ops it replaces
+// (rms_norm, rms_norm_add, rope, copy, store_kv): the per-element arithmetic is
+// the shared rms_* / rope_rotate helpers of cuda_device_common.cuh, and every
+// row is reduced by the same thread pattern as in cuda_elementwise.cu (element c
+// of a row summed by lane c % group in increasing c, then the same butterfly).
+// A row's result depends only on that row, so the ops are batch invariant.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+
+#include "engine/backend/cuda/cuda_backend.h"
+#include "engine/backend/cuda/cuda_device_common.cuh"
+
+namespace specula::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+// Grid-stride kernels never launch more blocks than this; each block loops.
+constexpr unsigned kMaxBlocks = 65535;
+// rms_norm's choice (cuda_elementwise.cu): rows up to this wide get a warp,
+// wider rows the whole block. Must stay equal for the fused norms to match.
+constexpr int64_t kWarpRowMax = 1024;
+// Widest head attention_inputs fuses; each lane keeps kMaxHeadDim / 32 floats
+// of a row in registers. Wider heads take the unfused composition.
+constexpr int64_t kMaxHeadDim = 512;
+constexpr int kPerLane = static_cast<int>(kMaxHeadDim / 32);
+
+unsigned grid_for(int64_t n, int per_block) {
+  const unsigned b = blocks_for(n, per_block);
+  return b < kMaxBlocks ? b : kMaxBlocks;
+}
+
+// Lets a following kernel launched with programmatic dependent launch start its
+// prologue now; it still waits (griddepcontrol.wait) for this grid's results,
+// so this never changes what anything computes.
+__device__ __forceinline__ void allow_dependents_early() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// ---- store_kv ----
+
+// One thread per vector T (float4, or float when rows are not 16-byte
+// multiples / aligned) of the n rows: row i goes to row positions[i] mod R.
+// A negative position cannot throw in a kernel: that row is not written.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    store_kv_kernel(const T* __restrict__ k, const T* __restrict__ v,
+                    const int32_t* __restrict__ positions, T* __restrict__ cache_k,
+                    T* __restrict__ cache_v, int64_t rows, int64_t row_vecs, int64_t cache_rows) {
+  allow_dependents_early();
+  const int64_t total = rows * row_vecs;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / row_vecs;
+    const int64_t c = i - r * row_vecs;
+    const int32_t pos = positions[r];
+    if (pos < 0) continue;
+    const int64_t dst = (static_cast<int64_t>(pos) % cache_rows) * row_vecs + c;
+    cache_k[dst] = k[i];
+    cache_v[dst] = v[i];
+  }
+}
+
+// ---- rms_norm_add_norm ----
+
+// rms_norm_kernel's residual path followed by its plain path on the updated
+// residual, for one row per kGroup threads (the same group rms_norm picks for
+// d): residual = (residual + rms_norm(x)·weight)·post_scale, then
+// next_out = rms_norm(residual)·next_weight. Each thread rereads only the
+// residual elements it wrote itself, and accumulates their squares in the
+// order rms_norm would, so the second norm needs no extra barrier.
+template <DType kW, DType kN, int kGroup>
+__global__ void __launch_bounds__(kThreads)
+    rms_norm_add_norm_kernel(const float* x, const void* weight, float eps, float* residual,
+                             float post_scale, const void* next_weight, float* next_out,
+                             int64_t rows, int64_t d) {
+  allow_dependents_early();
+  constexpr int kRowsPerBlock = kThreads / kGroup;
+  __shared__ double partials[kThreads / 32];
+  const int lane = threadIdx.x % kGroup;
+  const int group = threadIdx.x / kGroup;
+  // The loop bound depends only on blockIdx, so block-wide barriers inside are uniform.
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; base < rows;
+       base += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
+    const int64_t r = base + group;
+    const bool active = r < rows;
+    const float* xr = x + (active ? r : 0) * d;
+    float* rrow = residual + (active ? r : 0) * d;
+    double sum = 0.0;
+    if (active) {
+      for (int64_t j = lane; j < d; j += kGroup) rms_accumulate(sum, xr[j]);
+    }
+    sum = rms_group_sum<kGroup, kThreads>(sum, partials);
+    double next_sum = 0.0;
+    if (active) {
+      const float inv = rms_inv(sum, d, eps);
+      for (int64_t c = lane; c < d; c += kGroup) {
+        const float updated =
+            residual_update(rrow[c], rms_apply<kW>(xr[c], inv, weight, c), post_scale);
+        rrow[c] = updated;
+        rms_accumulate(next_sum, updated);
+      }
+    }
+    next_sum = rms_group_sum<kGroup, kThreads>(next_sum, partials);
+    if (!active) continue;
+    const float next_inv = rms_inv(next_sum, d, eps);
+    float* orow = next_out + r * d;
+    for (int64_t c = lane; c < d; c += kGroup) {
+      orow[c] = rms_apply<kN>(rrow[c], next_inv, next_weight, c);
+    }
+  }
+}
+
+// ---- attention_inputs ----
+
+struct AttnInputsArgs {
+  float* q;
+  const void* q_norm;
+  float* k;  // null without k
+  const void* k_norm;
+  float* v;
+  const int32_t* positions;
+  const float* inv_freq;
+  float* cache_k;  // null without a cache store
+  float* cache_v;
+  int64_t tokens, heads, kv_heads, d, cache_rows;
+  float eps;
+  bool v_from_k;
+};
+
+// vals[i] = row[lane + 32 i] for the lane's elements of a row of d <= kMaxHeadDim.
+__device__ __forceinline__ void load_row(const float* row, int64_t d, int lane,
+                                         float (&vals)[kPerLane]) {
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int64_t c = lane + 32 * i;
+    vals[i] = c < d ? row[c] : 0.0f;
+  }
+}
+
+// rms_inv of a row spread over the warp as load_row leaves it: squares summed
+// per lane in increasing element order, then the warp butterfly, exactly as
+// rms_norm_kernel's warp path (d <= kWarpRowMax) sums it.
+__device__ __forceinline__ float warp_row_inv(const float (&vals)[kPerLane], int64_t d, int lane,
+                                              float eps) {
+  double sum = 0.0;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    if (lane + 32 * i < d) rms_accumulate(sum, vals[i]);
+  }
+  sum = rms_group_sum<32, kThreads>(sum, nullptr);
+  return rms_inv(sum, d, eps);
+}
+
+// out[c] (and out2[c] unless null) = rms_apply(vals, inv), weightless (the v norm).
+__device__ __forceinline__ void write_plain_norm(const float (&vals)[kPerLane], float inv,
+                                                 int64_t d, int lane, float* out, float* out2) {
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int64_t c = lane + 32 * i;
+    if (c < d) {
+      const float y = rms_apply<DType::kF32>(vals[i], inv, nullptr, c);
+      out[c] = y;
+      if (out2 != nullptr) out2[c] = y;
+    }
+  }
+}
+
+// out (and out2 unless null) = rope(rms_apply(vals, inv)·weight) of one row. The
+// normalised row goes through the warp's shared row `srow` because RoPE pairs
+// element j with j + d/2, which another lane may hold.
+template <DType kDt>
+__device__ __forceinline__ void write_norm_rope(const float (&vals)[kPerLane], float inv,
+                                                const void* weight, int64_t d, int lane,
+                                                float* srow, int32_t position,
+                                                const float* inv_freq, float* out, float* out2) {
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    const int64_t c = lane + 32 * i;
+    if (c < d) srow[c] = rms_apply<kDt>(vals[i], inv, weight, c);
+  }
+  __syncwarp();
+  const int64_t half = d / 2;
+  for (int64_t j = lane; j < half; j += 32) {
+    const float2 y = rope_rotate(srow[j], srow[j + half], position, inv_freq[j]);
+    out[j] = y.x;
+    out[j + half] = y.y;
+    if (out2 != nullptr) {
+      out2[j] = y.x;
+      out2[j + half] = y.y;
+    }
+  }
+  __syncwarp();  // srow is rewritten for the warp's next row
+}
+
+// One warp per row: rows [0, M·Nh) are (token, head) rows of q, rows
+// [M·Nh, M·(Nh + KV)) are (token, kv head) rows of k, each of which also
+// produces the same row of v and, with a cache, their cache rows. Only
+// __syncwarp is used, so warps of a block may take different branches.
+template <DType kQ, DType kK>
+__global__ void __launch_bounds__(kThreads) attention_inputs_kernel(AttnInputsArgs a) {
+  allow_dependents_early();
+  __shared__ float rows_smem[kWarps][kMaxHeadDim];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  float* srow = rows_smem[warp];
+  const int64_t d = a.d;
+  const int64_t q_rows = a.tokens * a.heads;
+  const int64_t total = q_rows + a.tokens * a.kv_heads;
+  // r depends only on the warp: every lane of a warp takes the same path.
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp; r < total;
+       r += static_cast<int64_t>(gridDim.x) * kWarps) {
+    float vals[kPerLane];
+    if (r < q_rows) {
+      const int64_t t = r / a.heads;
+      float* qrow = a.q + r * d;
+      load_row(qrow, d, lane, vals);
+      const float inv = warp_row_inv(vals, d, lane, a.eps);
+      write_norm_rope<kQ>(vals, inv, a.q_norm, d, lane, srow, a.positions[t], a.inv_freq, qrow,
+                          nullptr);
+      continue;
+    }
+    const int64_t kr = r - q_rows;  // t · KV + h
+    const int64_t t = kr / a.kv_heads;
+    const int64_t h = kr - t * a.kv_heads;
+    const int32_t pos = a.positions[t];
+    float* krow = a.k + kr * d;
+    float* vrow = a.v + kr * d;
+    float* ck = nullptr;
+    float* cv = nullptr;
+    if (a.cache_k != nullptr && pos >= 0) {  // store_kv skips negative positions
+      const int64_t slot = static_cast<int64_t>(pos) % a.cache_rows;
+      ck = a.cache_k + (slot * a.kv_heads + h) * d;
+      cv = a.cache_v + (slot * a.kv_heads + h) * d;
+    }
+    // The raw k row stays in registers: it is v's input too when v_from_k.
+    load_row(krow, d, lane, vals);
+    const float inv_k = warp_row_inv(vals, d, lane, a.eps);
+    if (a.v_from_k) {
+      // copy(k, v) then rms_norm(v): the same row, so the same inverse norm.
+      write_plain_norm(vals, inv_k, d, lane, vrow, cv);
+    } else {
+      float vv[kPerLane];
+      load_row(vrow, d, lane, vv);
+      const float inv_v = warp_row_inv(vv, d, lane, a.eps);
+      write_plain_norm(vv, inv_v, d, lane, vrow, cv);
+    }
+    // Every lane has loaded its raw k (above) before write_norm_rope's
+    // __syncwarp, so overwriting elements another lane read is safe.
+    write_norm_rope<kK>(vals, inv_k, a.k_norm, d, lane, srow, pos, a.inv_freq, krow, ck);
+  }
+}
+
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+}  // namespace
+
+// Row i (KV·D floats) of k and v f32 [n, KV, D] goes to row positions[i] mod R
+// of cache_k / cache_v f32 [R, KV, D]. One thread per float4 of the n rows (per
+// float when a row is not a multiple of 4 floats or a buffer is not 16-byte
+// aligned). A negative position cannot be reported from the kernel: that row is
+// left unwritten (the CPU backend throws instead).
+void CudaBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& positions,
+                           const Tensor& cache_k, const Tensor& cache_v) {
+  OpTimer timer(*this, "store_kv");
+  constexpr const char* kOp = "store_kv";
+  check_on(*this, kOp, "k", k);
+  check_on(*this, kOp, "v", v);
+  check_on(*this, kOp, "positions", positions);
+  check_on(*this, kOp, "cache_k", cache_k);
+  check_on(*this, kOp, "cache_v", cache_v);
+  const ops::StoreKvDims dims = ops::check_store_kv(kOp, k, v, positions, cache_k, cache_v);
+  if (dims.rows == 0 || dims.row_floats == 0) return;
+  const bool vec4 = dims.row_floats % 4 == 0 && aligned16(k.data()) && aligned16(v.data()) &&
+                    aligned16(cache_k.data()) && aligned16(cache_v.data());
+  if (vec4) {
+    const int64_t row_vecs = dims.row_floats / 4;
+    store_kv_kernel<float4><<<grid_for(dims.rows * row_vecs, kThreads), kThreads, 0, stream()>>>(
+        k.data_as<const float4>(), v.data_as<const float4>(), positions.data_as<const int32_t>(),
+        cache_k.data_as<float4>(), cache_v.data_as<float4>(), dims.rows, row_vecs, dims.cache_rows);
+  } else {
+    store_kv_kernel<float>
+        <<<grid_for(dims.rows * dims.row_floats, kThreads), kThreads, 0, stream()>>>(
+            k.data_as<const float>(), v.data_as<const float>(), positions.data_as<const int32_t>(),
+            cache_k.data_as<float>(), cache_v.data_as<float>(), dims.rows, dims.row_floats,
+            dims.cache_rows);
+  }
+  check_cuda(cudaGetLastError(), "store_kv_kernel");
+}
+
+// rms_norm_add(x, weight, eps, residual, post_scale) then
+// rms_norm(residual, next_weight, eps, next_out) in one kernel, bit for bit.
+// x, residual, next_out f32 [..., D]; weight, next_weight [D] f32|bf16|f16 or
+// empty; residual is a different buffer from x, next_out overlaps neither.
+// Rows up to 1024 wide get a warp each (8 rows per 256-thread block), wider
+// rows a 256-thread block, as rms_norm chooses.
+void CudaBackend::rms_norm_add_norm(const Tensor& x, const Tensor& weight, float eps,
+                                    const Tensor& residual, float post_scale,
+                                    const Tensor& next_weight, const Tensor& next_out) {
+  OpTimer timer(*this, "rms_norm_add_norm");
+  constexpr const char* kOp = "rms_norm_add_norm";
+  check_on(*this, kOp, "x", x);
+  check_on(*this, kOp, "residual", residual);
+  check_on(*this, kOp, "next_out", next_out);
+  check_dtype(kOp, "x", x, DType::kF32);
+  check_dtype(kOp, "residual", residual, DType::kF32);
+  check_dtype(kOp, "next_out", next_out, DType::kF32);
+  check_same_shape(kOp, "x", x, "residual", residual);
+  check_same_shape(kOp, "residual", residual, "next_out", next_out);
+  check_exact_alias(kOp, "residual", residual, "x", x);
+  check_no_alias(kOp, "next_out", next_out, "x", x);
+  check_no_alias(kOp, "next_out", next_out, "residual", residual);
+  if (x.rank() < 1) fail("rms_norm_add_norm: x must have rank >= 1, got {}", x.describe());
+  const int64_t d = x.dim(-1);
+  if (d == 0 || x.numel() == 0) return;
+  for (const auto& [name, w] :
+       {std::pair<const char*, const Tensor*>{"weight", &weight}, {"next_weight", &next_weight}}) {
+    if (w->empty()) continue;
+    check_on(*this, kOp, name, *w);
+    check_float(kOp, name, *w);
+    if (w->rank() != 1 || w->dim(0) != d) {
+      fail("rms_norm_add_norm: {} {} must be [{}] to match the last dimension of x {}", name,
+           w->describe(), d, x.describe());
+    }
+  }
+  if (x.data() == residual.data()) {
+    fail("rms_norm_add_norm: x {} and residual {} must be different buffers", x.describe(),
+         residual.describe());
+  }
+  const int64_t rows = x.numel() / d;
+  const DType wdt = weight.empty() ? DType::kF32 : weight.dtype();
+  const DType ndt = next_weight.empty() ? DType::kF32 : next_weight.dtype();
+  with_float_dtype(wdt, [&](auto wtag) {
+    with_float_dtype(ndt, [&](auto ntag) {
+      constexpr DType kW = decltype(wtag)::value;
+      constexpr DType kN = decltype(ntag)::value;
+      if (d <= kWarpRowMax) {
+        rms_norm_add_norm_kernel<kW, kN, 32><<<grid_for(rows, kWarps), kThreads, 0, stream()>>>(
+            x.data_as<const float>(), weight.data(), eps, residual.data_as<float>(), post_scale,
+            next_weight.data(), next_out.data_as<float>(), rows, d);
+      } else {
+        rms_norm_add_norm_kernel<kW, kN, kThreads><<<grid_for(rows, 1), kThreads, 0, stream()>>>(
+            x.data_as<const float>(), weight.data(), eps, residual.data_as<float>(), post_scale,
+            next_weight.data(), next_out.data_as<float>(), rows, d);
+      }
+    });
+  });
+  check_cuda(cudaGetLastError(), "rms_norm_add_norm_kernel");
+}
+
+// See AttentionInputsParams (engine/ops/backend.h). One launch of 256-thread
+// blocks, one warp per (token, head) row of q and per (token, kv head) row of k
+// (which also finishes that row of v and stores both in the cache). Head
+// dimensions above 512 take the unfused composition (same results).
+void CudaBackend::attention_inputs(const AttentionInputsParams& p) {
+  constexpr const char* kOp = "attention_inputs";
+  const ops::AttentionInputsDims dims = ops::check_attention_inputs(p);
+  check_on(*this, kOp, "q", p.q);
+  check_on(*this, kOp, "q_norm", p.q_norm);
+  check_on(*this, kOp, "positions", p.positions);
+  check_on(*this, kOp, "inv_freq", p.inv_freq);
+  // The kernel reads positions, inv_freq and the norms while it writes the rows.
+  const auto check_apart_from_inputs = [&](const char* name, const Tensor& out) {
+    check_no_alias(kOp, name, out, "positions", p.positions);
+    check_no_alias(kOp, name, out, "inv_freq", p.inv_freq);
+    check_no_alias(kOp, name, out, "q_norm", p.q_norm);
+    if (dims.has_k) check_no_alias(kOp, name, out, "k_norm", p.k_norm);
+  };
+  check_apart_from_inputs("q", p.q);
+  if (dims.has_k) {
+    check_on(*this, kOp, "k", p.k);
+    check_on(*this, kOp, "k_norm", p.k_norm);
+    check_on(*this, kOp, "v", p.v);
+    check_apart_from_inputs("k", p.k);
+    check_apart_from_inputs("v", p.v);
+  }
+  if (dims.has_cache) {
+    check_on(*this, kOp, "cache_k", p.cache_k);
+    check_on(*this, kOp, "cache_v", p.cache_v);
+    check_apart_from_inputs("cache_k", p.cache_k);
+    check_apart_from_inputs("cache_v", p.cache_v);
+    // Warps write cache rows while other warps still read q, k and v rows.
+    check_no_alias(kOp, "cache_k", p.cache_k, "q", p.q);
+    check_no_alias(kOp, "cache_v", p.cache_v, "q", p.q);
+    check_no_alias(kOp, "cache_k", p.cache_k, "v", p.v);
+    check_no_alias(kOp, "cache_v", p.cache_v, "k", p.k);
+  }
+  if (dims.head_dim > kMaxHeadDim) {
+    Backend::attention_inputs(p);
+    return;
+  }
+  OpTimer timer(*this, "attention_inputs");
+  const int64_t total_rows = dims.tokens * (dims.heads + dims.kv_heads);
+  if (dims.head_dim == 0 || total_rows == 0) return;
+  AttnInputsArgs a{};
+  a.q = p.q.data_as<float>();
+  a.q_norm = p.q_norm.data();
+  a.positions = p.positions.data_as<const int32_t>();
+  a.inv_freq = p.inv_freq.data_as<const float>();
+  a.tokens = dims.tokens;
+  a.heads = dims.heads;
+  a.kv_heads = dims.has_k ? dims.kv_heads : 0;
+  a.d = dims.head_dim;
+  a.eps = p.eps;
+  a.v_from_k = p.v_from_k;
+  if (dims.has_k) {
+    a.k = p.k.data_as<float>();
+    a.k_norm = p.k_norm.data();
+    a.v = p.v.data_as<float>();
+  }
+  if (dims.has_cache) {
+    a.cache_k = p.cache_k.data_as<float>();
+    a.cache_v = p.cache_v.data_as<float>();
+    a.cache_rows = p.cache_k.dim(0);
+  }
+  const DType qdt = p.q_norm.dtype();
+  const DType kdt = dims.has_k ? p.k_norm.dtype() : qdt;
+  with_float_dtype(qdt, [&](auto qtag) {
+    with_float_dtype(kdt, [&](auto ktag) {
+      constexpr DType kQ = decltype(qtag)::value;
+      constexpr DType kK = decltype(ktag)::value;
+      attention_inputs_kernel<kQ, kK><<<grid_for(total_rows, kWarps), kThreads, 0, stream()>>>(a);
+    });
+  });
+  check_cuda(cudaGetLastError(), "attention_inputs_kernel");
+}
+
+}  // namespace specula::cuda
