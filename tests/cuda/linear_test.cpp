@@ -371,5 +371,303 @@ TEST(CudaEmbeddingErrors, BadShapesAndDtypes) {
   expect_error([&] { be.embedding(table.dev, ids.dev, 1.0f, out_bf16.dev); }, {"embedding", "out"});
 }
 
+// ---------------------------------------------------------------------------
+// linear_multi and linear_gelu_mul: the bits of the separate calls.
+
+// gelu_tanh(g) · u after two invariant products vs the CPU: the products within
+// kInvariantTol, then CUDA's tanhf vs glibc's (an ulp or two) and two roundings.
+constexpr float kGeluMulTol = 1e-4f;
+// Four invariant products in a row (f32 activations throughout) vs the CPU.
+constexpr float kChainTol = 1e-4f;
+
+using MultiCase = std::tuple<int64_t, DType>;  // M, w dtype
+
+std::string multi_case_name(const ::testing::TestParamInfo<MultiCase>& info) {
+  return "M" + std::to_string(std::get<0>(info.param)) + "_" +
+         std::string(dtype_name(std::get<1>(info.param)));
+}
+
+class CudaLinearMulti : public ::testing::TestWithParam<MultiCase> {};
+
+// Every y of linear_multi is bit-identical to a separate linear() of the same
+// x and w (fused path for M <= kInvariantRows, several launches above 4
+// outputs; linear() per output at 300 rows) and close to the CPU.
+TEST_P(CudaLinearMulti, EachOutputHasTheBitsOfLinear) {
+  SKIP_WITHOUT_CUDA();
+  const auto [m, dtype] = GetParam();
+  // 2, 3 and 5 outputs; widths below one block (16 columns), not multiples of
+  // 16, and above one block.
+  const std::vector<std::vector<int64_t>> width_sets = {
+      {64, 33}, {7, 130, 16}, {48, 5, 100, 17, 64}};
+  // K: vectorised; K % 8 == 4 (f32: the partial chunk on the vector path;
+  // bf16/f16: misaligned rows, the per-output scalar path); tiny and ragged.
+  for (int64_t k : {int64_t{256}, int64_t{4100}, int64_t{13}}) {
+    for (const std::vector<int64_t>& widths : width_sets) {
+      const std::string where = "M=" + std::to_string(m) + " K=" + std::to_string(k) + " w " +
+                                std::string(dtype_name(dtype)) + ", " +
+                                std::to_string(widths.size()) + " outputs";
+      Twin x(DType::kF32, {m, k});
+      x.randomize(static_cast<uint64_t>(2000 + m * 13 + k));
+      std::vector<Twin> ws;
+      std::vector<Twin> ys;
+      ws.reserve(widths.size());
+      ys.reserve(widths.size());
+      std::vector<LinearOut> outs;
+      for (size_t i = 0; i < widths.size(); ++i) {
+        ws.emplace_back(dtype, Shape{widths[i], k});
+        ws.back().randomize(static_cast<uint64_t>(300 + 17 * i + widths[i]), -0.5f, 0.5f);
+        ys.push_back(poisoned_output({m, widths[i]}));
+      }
+      for (size_t i = 0; i < widths.size(); ++i) outs.push_back({ws[i].dev, ys[i].dev});
+      gpu_be().linear_multi(x.dev, outs);
+
+      for (size_t i = 0; i < widths.size(); ++i) {
+        const int64_t n = widths[i];
+        const HostTensor got = ys[i].pull();
+        Twin single = poisoned_output({m, n});
+        gpu_be().linear(x.dev, ws[i].dev, single.dev);
+        EXPECT_TRUE(same_bits(got.data<float>(), single.pull().data<float>(), m * n))
+            << where << ": output " << i << " (N = " << n << ") differs from linear()";
+        HostTensor want(DType::kF32, {m, n});
+        cpu_be().linear(x.host, ws[i].host, want);
+        expect_close(got, want, linear_tol(m), ("linear_multi " + where).c_str());
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaLinearMulti,
+                         ::testing::Combine(::testing::Values<int64_t>(1, 3, 8, 13, 300),
+                                            ::testing::ValuesIn(kWeightDtypes)),
+                         multi_case_name);
+
+// Outputs the fused launch cannot take (mixed weight dtypes, a misaligned x)
+// go through linear() one by one: the same bits all the same.
+TEST(CudaLinearMultiFallback, MixedDtypesAndMisalignedXKeepTheBits) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t m = 5, k = 512;
+  const int64_t widths[3] = {40, 9, 70};
+  Twin x(DType::kF32, {m, k});
+  x.randomize(91);
+  DeviceBuffer x_buf(gpu_be(), x.host.view().nbytes() + 4);
+  const Tensor x_off(static_cast<char*>(x_buf.data()) + 4, DType::kF32, {m, k}, gpu_be().device());
+  gpu_be().upload(x.host.view().data(), x_off);
+  std::vector<Twin> ws;
+  ws.reserve(3);
+  for (int i = 0; i < 3; ++i) {
+    ws.emplace_back(kWeightDtypes[i], Shape{widths[i], k});
+    ws.back().randomize(static_cast<uint64_t>(92 + i), -0.5f, 0.5f);
+  }
+  for (const Tensor& xt : {x.dev, x_off}) {
+    for (bool mixed : {true, false}) {
+      std::vector<Twin> ys;
+      ys.reserve(3);
+      std::vector<LinearOut> outs;
+      // mixed: f32, bf16 and f16 weights; else bf16 three times (fused for the aligned x).
+      for (int i = 0; i < 3; ++i) {
+        const Tensor& w = ws[mixed ? i : 1].dev;
+        ys.push_back(poisoned_output({m, w.dim(0)}));
+        outs.push_back({w, ys.back().dev});
+      }
+      gpu_be().linear_multi(xt, outs);
+      for (int i = 0; i < 3; ++i) {
+        const Tensor& w = outs[i].w;
+        const int64_t n = w.dim(0);
+        Twin single = poisoned_output({m, n});
+        gpu_be().linear(xt, w, single.dev);
+        EXPECT_TRUE(same_bits(ys[i].pull().data<float>(), single.pull().data<float>(), m * n))
+            << "output " << i << (mixed ? " (mixed dtypes)" : " (bf16)")
+            << (xt.data() == x_off.data() ? ", misaligned x" : ", aligned x");
+      }
+    }
+  }
+}
+
+class CudaLinearGeluMul : public ::testing::TestWithParam<MultiCase> {};
+
+// linear_gelu_mul is bit-identical to linear(gate), linear(up), gelu_mul (fused
+// for M <= kInvariantRows; at 300 rows the same three steps) and close to the CPU.
+TEST_P(CudaLinearGeluMul, MatchesLinearLinearGeluMul) {
+  SKIP_WITHOUT_CUDA();
+  const auto [m, dtype] = GetParam();
+  // (I, K): aligned; I below one 8-column block and ragged; K % 8 == 4 (f32:
+  // partial chunk on the fused path; bf16/f16: the fallback).
+  for (const auto& [n, k] :
+       {std::pair<int64_t, int64_t>{64, 256}, std::pair<int64_t, int64_t>{5, 1024},
+        std::pair<int64_t, int64_t>{131, 4100}}) {
+    const std::string where = "M=" + std::to_string(m) + " I=" + std::to_string(n) +
+                              " K=" + std::to_string(k) + " w " + std::string(dtype_name(dtype));
+    Twin x(DType::kF32, {m, k});
+    x.randomize(static_cast<uint64_t>(3000 + m + k));
+    Twin w_gate(dtype, {n, k});
+    w_gate.randomize(static_cast<uint64_t>(3100 + n), -0.5f, 0.5f);
+    Twin w_up(dtype, {n, k});
+    w_up.randomize(static_cast<uint64_t>(3200 + n), -0.5f, 0.5f);
+    Twin gate = poisoned_output({m, n});
+    Twin up = poisoned_output({m, n});
+    gpu_be().linear_gelu_mul(x.dev, w_gate.dev, w_up.dev, gate.dev, up.dev);
+    const HostTensor got = gate.pull();
+
+    Twin g = poisoned_output({m, n});
+    Twin u = poisoned_output({m, n});
+    gpu_be().linear(x.dev, w_gate.dev, g.dev);
+    gpu_be().linear(x.dev, w_up.dev, u.dev);
+    gpu_be().gelu_mul(g.dev, u.dev, g.dev);
+    EXPECT_TRUE(same_bits(got.data<float>(), g.pull().data<float>(), m * n))
+        << where << ": differs from linear, linear, gelu_mul";
+
+    HostTensor g_cpu(DType::kF32, {m, n});
+    HostTensor u_cpu(DType::kF32, {m, n});
+    cpu_be().linear(x.host, w_gate.host, g_cpu);
+    cpu_be().linear(x.host, w_up.host, u_cpu);
+    cpu_be().gelu_mul(g_cpu, u_cpu, g_cpu);
+    expect_close(got, g_cpu, m <= cuda::kInvariantRows ? kGeluMulTol : kLtTol,
+                 ("linear_gelu_mul " + where).c_str());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaLinearGeluMul,
+                         ::testing::Combine(::testing::Values<int64_t>(1, 5, 8, 20, 300),
+                                            ::testing::ValuesIn(kWeightDtypes)),
+                         multi_case_name);
+
+// The invariant kernels are programmatic dependent launches: each may start
+// while its predecessor runs, so this chain (every product reads the previous
+// one's output) run back to back must give the bits of the same calls with a
+// download (a stream synchronisation) after each, and poisoned (NaN) outputs
+// show any read that came too early.
+TEST(CudaLinearPdl, BackToBackProductsSeeTheirInputs) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t m = 3, h = 2048, kv = 256, inter = 4096;
+  for (DType dtype : kWeightDtypes) {
+    Twin x(DType::kF32, {m, h});
+    x.randomize(401);
+    Twin w_in(dtype, {h, h});
+    w_in.randomize(402, -0.05f, 0.05f);
+    Twin w_q(dtype, {h, h});
+    w_q.randomize(403, -0.05f, 0.05f);
+    Twin w_k(dtype, {kv, h});
+    w_k.randomize(404, -0.05f, 0.05f);
+    Twin w_gate(dtype, {inter, h});
+    w_gate.randomize(405, -0.05f, 0.05f);
+    Twin w_up(dtype, {inter, h});
+    w_up.randomize(406, -0.05f, 0.05f);
+    Twin w_down(dtype, {h, inter});
+    w_down.randomize(407, -0.05f, 0.05f);
+
+    // a = x·w_inᵀ; (q, k) = a·(w_q, w_k)ᵀ; gate = gelu(q·w_gateᵀ) ⊙ q·w_upᵀ; out = gate·w_downᵀ.
+    const auto run = [&](bool sync) {
+      Twin a = poisoned_output({m, h});
+      Twin q = poisoned_output({m, h});
+      Twin k = poisoned_output({m, kv});
+      Twin gate = poisoned_output({m, inter});
+      Twin up = poisoned_output({m, inter});
+      Twin out = poisoned_output({m, h});
+      gpu_be().linear(x.dev, w_in.dev, a.dev);
+      if (sync) a.pull();
+      const LinearOut outs[2] = {{w_q.dev, q.dev}, {w_k.dev, k.dev}};
+      gpu_be().linear_multi(a.dev, outs);
+      if (sync) q.pull();
+      gpu_be().linear_gelu_mul(q.dev, w_gate.dev, w_up.dev, gate.dev, up.dev);
+      if (sync) gate.pull();
+      gpu_be().linear(gate.dev, w_down.dev, out.dev);
+      std::vector<HostTensor> results;
+      results.push_back(k.pull());
+      results.push_back(gate.pull());
+      results.push_back(out.pull());
+      return results;
+    };
+    const std::vector<HostTensor> chained = run(false);
+    const std::vector<HostTensor> synced = run(true);
+    const char* names[3] = {"k", "gate", "out"};
+    for (size_t i = 0; i < chained.size(); ++i) {
+      EXPECT_TRUE(same_bits(chained[i].data<float>(), synced[i].data<float>(), chained[i].numel()))
+          << names[i] << " (w " << dtype_name(dtype) << ") differs when run back to back";
+    }
+
+    HostTensor a(DType::kF32, {m, h});
+    HostTensor q(DType::kF32, {m, h});
+    HostTensor g(DType::kF32, {m, inter});
+    HostTensor u(DType::kF32, {m, inter});
+    HostTensor out(DType::kF32, {m, h});
+    cpu_be().linear(x.host, w_in.host, a);
+    cpu_be().linear(a, w_q.host, q);
+    cpu_be().linear(q, w_gate.host, g);
+    cpu_be().linear(q, w_up.host, u);
+    cpu_be().gelu_mul(g, u, g);
+    cpu_be().linear(g, w_down.host, out);
+    expect_close(chained[2], out, kChainTol, "chained out vs cpu");
+  }
+}
+
+TEST(CudaLinearMultiErrors, BadShapesAndAliasing) {
+  SKIP_WITHOUT_CUDA();
+  Backend& be = gpu_be();
+  Twin x(DType::kF32, {2, 8});
+  Twin w(DType::kBF16, {4, 8});
+  Twin w3(DType::kBF16, {3, 8});
+  Twin w_k9(DType::kBF16, {4, 9});
+  Twin w_i32(DType::kI32, {4, 8});
+  Twin y(DType::kF32, {2, 4});
+  Twin y3(DType::kF32, {2, 3});
+  Twin y_wide(DType::kF32, {2, 5});
+  const Tensor y_on_x(x.dev.data(), DType::kF32, {2, 4}, be.device());
+
+  {
+    const LinearOut outs[2] = {{w.dev, y.dev}, {w3.dev, y_wide.dev}};
+    expect_error([&] { be.linear_multi(x.dev, outs); }, {"linear_multi", "outs[1].y", "[2, 5]"});
+  }
+  {
+    const LinearOut outs[2] = {{w.dev, y.dev}, {w_k9.dev, y_wide.dev}};
+    expect_error([&] { be.linear_multi(x.dev, outs); },
+                 {"linear_multi", "outs[1].w", "K", "[4, 9]"});
+  }
+  {
+    const LinearOut outs[2] = {{w3.dev, y3.dev}, {w_i32.dev, y.dev}};
+    expect_error([&] { be.linear_multi(x.dev, outs); }, {"linear_multi", "outs[1].w"});
+  }
+  {
+    const LinearOut outs[2] = {{w3.dev, y3.dev}, {w.dev, y_on_x}};
+    expect_error([&] { be.linear_multi(x.dev, outs); }, {"linear_multi", "outs[1].y", "overlaps"});
+  }
+  {
+    // Two outputs into one buffer.
+    const LinearOut outs[2] = {{w.dev, y.dev}, {w.dev, y.dev}};
+    expect_error([&] { be.linear_multi(x.dev, outs); },
+                 {"linear_multi", "outs[0].y", "outs[1].y", "overlaps"});
+  }
+  {
+    // A host tensor handed to the GPU backend.
+    const LinearOut outs[1] = {{w.host, y.dev}};
+    expect_error([&] { be.linear_multi(x.dev, outs); }, {"linear_multi", "outs[0].w"});
+  }
+}
+
+TEST(CudaLinearGeluMulErrors, BadShapesAndAliasing) {
+  SKIP_WITHOUT_CUDA();
+  Backend& be = gpu_be();
+  Twin x(DType::kF32, {2, 8});
+  Twin w_gate(DType::kBF16, {4, 8});
+  Twin w_up(DType::kBF16, {4, 8});
+  Twin w_up3(DType::kBF16, {3, 8});
+  Twin w_up_k9(DType::kBF16, {4, 9});
+  Twin gate(DType::kF32, {2, 4});
+  Twin up(DType::kF32, {2, 4});
+  Twin up3(DType::kF32, {2, 3});
+  Twin up_wide(DType::kF32, {2, 5});
+  const Tensor gate_on_x(x.dev.data(), DType::kF32, {2, 4}, be.device());
+
+  expect_error([&] { be.linear_gelu_mul(x.dev, w_gate.dev, w_up3.dev, gate.dev, up3.dev); },
+               {"linear_gelu_mul", "gate", "up", "same shape"});
+  expect_error([&] { be.linear_gelu_mul(x.dev, w_gate.dev, w_up.dev, gate.dev, up_wide.dev); },
+               {"linear_gelu_mul", "up", "[2, 5]"});
+  expect_error([&] { be.linear_gelu_mul(x.dev, w_gate.dev, w_up_k9.dev, gate.dev, up.dev); },
+               {"linear_gelu_mul", "w_up", "K"});
+  expect_error([&] { be.linear_gelu_mul(x.dev, w_gate.dev, w_up.dev, gate_on_x, up.dev); },
+               {"linear_gelu_mul", "gate", "overlaps"});
+  expect_error([&] { be.linear_gelu_mul(x.dev, w_gate.dev, w_up.dev, gate.dev, gate.dev); },
+               {"linear_gelu_mul", "gate", "up", "overlaps"});
+}
+
 }  // namespace
 }  // namespace specula::test
