@@ -52,6 +52,7 @@ struct BenchArgs {
   int reps = 10;
   int64_t copy_mib = 2048;
   int peak_size = 8192;
+  bool no_graphs = false;  // run every step directly (no CUDA graphs)
   // Dump a preset's config.json and exit.
   std::string print_preset_config, print_assistant_config;
 };
@@ -438,6 +439,8 @@ struct MicroRunner {
     const gemma4::Gemma4Config& c = config();
     nlohmann::json out;
     out["backend"] = be.name();
+    model.set_graphs_enabled(!a.no_graphs && model.graphs_enabled());
+    out["graphs"] = model.graphs_enabled() && be.supports_graphs();
     out["weight_bytes"] = model.weight_bytes();
     out["context"] = a.context;
     out["reps"] = a.reps;
@@ -464,7 +467,9 @@ struct MicroRunner {
                  copy_bps / 1e9, a.copy_mib);
       fmt::print("bf16 matrix peak {0:>9.4g} TFLOP/s  (linear f32[{1},{1}] x bf16[{1},{1}]^T)\n",
                  peak / 1e12, a.peak_size);
-      fmt::print("\ndecode, context {} per row (median of {}):\n", a.context, a.reps);
+      fmt::print("\ndecode, context {} per row (median of {}; steps {}):\n", a.context, a.reps,
+                 model.graphs_enabled() && be.supports_graphs() ? "replayed as CUDA graphs"
+                                                                : "run directly");
       fmt::print("{:>5} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9}\n", "batch", "step ms", "tokens/s",
                  "GB wts", "GB kv", "GB/s", "roofline");
     }
@@ -705,6 +710,9 @@ void register_bench(CLI::App& app) {
       "--micro", args->micro,
       "Time model forwards directly: copy bandwidth, matrix peak, decode steps per "
       "batch, a verify window, a drafter step, a prefill; then end to end with a drafter");
+  cmd->add_flag("--no-graphs", args->no_graphs,
+                "--micro: run decode steps and verify windows directly instead of replaying "
+                "recorded CUDA graphs (same results; for comparing launch overhead)");
   cmd->add_option("--context", args->context, "--micro: tokens per row before a decode step")
       ->capture_default_str();
   cmd->add_option("--prefill-tokens", args->prefill_tokens, "--micro: tokens of the timed prefill")

@@ -507,6 +507,69 @@ TEST(CudaAttention, RingLayoutEqualsContiguousKeys) {
   }
 }
 
+// positions_bound (one launch for every step below the bound, for CUDA graphs)
+// gives the same bits as the launch sized by T: on full caches read from
+// position 0 and on rings read in place, for decode and verify windows whose
+// positions cross chunk boundaries, and under several bounds.
+TEST(CudaAttention, PositionsBoundGivesTheSameBits) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t n_heads = 8, n_kv = 2, d = 256;
+  auto run = [&](const Twin& q, const Tensor& k, const Tensor& v, const Twin& pos, int64_t k_pos0,
+                 int64_t ring_keys, int window, int64_t bound) {
+    Twin out(DType::kF32, q.host.shape());
+    AttentionParams ap = params(q.dev, k, v, out.dev, pos.dev, k_pos0, true, window, 1.0f);
+    ap.ring_keys = ring_keys;
+    ap.positions_bound = bound;
+    gpu_be().attention(ap);
+    return out.pull();
+  };
+  for (int64_t s : {int64_t{1}, int64_t{5}, int64_t{17}}) {
+    for (int64_t last : {int64_t{31}, int64_t{32}, int64_t{200}, int64_t{511}}) {
+      const std::string what = fmt::format("s {} last position {}", s, last);
+      std::vector<int32_t> positions;
+      for (int64_t i = 0; i < s; ++i) positions.push_back(static_cast<int32_t>(last - s + 1 + i));
+      if (positions[0] < 0) continue;
+      const Twin pos = positions_twin(positions);
+      Twin q(DType::kF32, {s, n_heads, d});
+      q.randomize(31 + s);
+      // Full cache: keys 0 .. last.
+      const int64_t t = last + 1;
+      Twin k(DType::kF32, {t, n_kv, d}), v(DType::kF32, {t, n_kv, d});
+      k.randomize(32);
+      v.randomize(33);
+      const HostTensor base = run(q, k.dev, v.dev, pos, 0, -1, 0, 0);
+      const HostTensor cpu = cpu_attention(q, k, v, pos, 0, true, 0, 1.0f);
+      expect_close(base, cpu, kAttentionTol, what.c_str());
+      for (int64_t bound : {int64_t{512}, int64_t{2048}}) {
+        const HostTensor got = run(q, k.dev, v.dev, pos, 0, -1, 0, bound);
+        EXPECT_EQ(std::memcmp(got.view().data(), base.view().data(), base.view().nbytes()), 0)
+            << "full cache, " << what << ", bound " << bound;
+      }
+      // Ring of 64 rows for a window of 40 (slack 24 >= s): the last 40 + s - 1 keys.
+      const int window = 40;
+      const int64_t ring_rows = 64;
+      const int64_t from = std::max<int64_t>(0, positions[0] - window + 1);
+      const int64_t ring_keys = last + 1 - from;
+      Twin rk(DType::kF32, {ring_rows, n_kv, d}), rv(DType::kF32, {ring_rows, n_kv, d});
+      rk.randomize(34);
+      rv.randomize(35);
+      const HostTensor ring_base = run(q, rk.dev, rv.dev, pos, from, ring_keys, window, 0);
+      for (int64_t bound : {int64_t{512}, int64_t{1024}}) {
+        const HostTensor got = run(q, rk.dev, rv.dev, pos, from, ring_keys, window, bound);
+        EXPECT_EQ(
+            std::memcmp(got.view().data(), ring_base.view().data(), ring_base.view().nbytes()), 0)
+            << "ring, " << what << ", bound " << bound;
+      }
+    }
+  }
+  // Keys past the bound, or a bound on keys that do not start at position 0, are refused.
+  Twin q(DType::kF32, {1, n_heads, d}), k(DType::kF32, {600, n_kv, d}),
+      v(DType::kF32, {600, n_kv, d});
+  const Twin pos = positions_twin({599});
+  EXPECT_THROW(run(q, k.dev, v.dev, pos, 0, -1, 0, 512), Error);
+  EXPECT_THROW(run(q, k.dev, v.dev, pos, 5, -1, 0, 1024), Error);
+}
+
 // The tensor-core prefill path (allow_fast_prefill, 64+ queries): TF32
 // products, so a looser tolerance; masking, windows, GQA and k_pos0 as on the CPU.
 constexpr float kFastPrefillTol = 5e-3f;

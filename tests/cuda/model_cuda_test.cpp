@@ -197,6 +197,61 @@ TEST(CudaEmbedded, SpeculationMatchesPlainAndStartsLikeTheCpu) {
   }
 }
 
+// Recorded steps (CUDA graphs) give the same logits, bit for bit, as the same
+// steps run directly: decode steps across the 64- and 128-position bounds of
+// the attention launches and across sliding-ring wraps, verify windows with
+// rollback, and three rows at once (separate cache stores per row).
+TEST(CudaGraphs, ReplayedStepsEqualDirectSteps) {
+  SKIP_WITHOUT_CUDA();
+  if (!have("e2b_like")) GTEST_SKIP();
+  auto model = gemma4::Gemma4Model::load(golden("e2b_like"), on_cuda());
+  Backend& be = model->backend();
+  ASSERT_TRUE(be.supports_graphs());
+  const int vocab = model->config().vocab_size;
+  // Logits of a fixed schedule of forwards: a prompt, then per step either one
+  // token or a window of 5 (all logits) rolled back to 1, on `rows` rows.
+  auto run = [&](bool graphs, int n_rows) {
+    model->set_graphs_enabled(graphs);
+    std::vector<SequenceKv> kvs;
+    for (int r = 0; r < n_rows; ++r) kvs.push_back(model->new_sequence());
+    std::vector<float> all;
+    std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(n_rows));
+    std::vector<gemma4::ForwardRow> rows(static_cast<size_t>(n_rows));
+    for (int step = 0; step < 200; ++step) {
+      const bool window = step % 7 == 3;
+      for (int r = 0; r < n_rows; ++r) {
+        auto& t = tokens[static_cast<size_t>(r)];
+        t.clear();
+        const int n = step == 0 ? 6 + r : (window ? 5 : 1);
+        for (int i = 0; i < n; ++i) t.push_back(3 + (step * 131 + r * 17 + i * 7) % (vocab - 3));
+        rows[static_cast<size_t>(r)] = {
+            .kv = &kvs[static_cast<size_t>(r)], .tokens = t, .all_logits = window};
+      }
+      const auto& out = model->forward(rows);
+      const size_t at = all.size();
+      all.resize(at + static_cast<size_t>(out.logits.numel()));
+      be.download(out.logits, all.data() + at);
+      if (window) {
+        for (auto& kv : kvs) kv.truncate(kv.length() - 4);
+      }
+    }
+    return all;
+  };
+  for (int n_rows : {1, 3}) {
+    const int64_t replays_before = model->graph_replays();
+    const std::vector<float> recorded = run(true, n_rows);
+    const int64_t replays = model->graph_replays() - replays_before;
+    const std::vector<float> direct = run(false, n_rows);
+    ASSERT_EQ(recorded.size(), direct.size());
+    EXPECT_EQ(std::memcmp(recorded.data(), direct.data(), recorded.size() * sizeof(float)), 0)
+        << n_rows << " rows";
+    // Every step but the first sighting of each shape (prompt, decode, window,
+    // per positions bound) replays a graph.
+    EXPECT_GT(replays, 170) << n_rows << " rows";
+  }
+  model->set_graphs_enabled(true);
+}
+
 // Rule 8 on the device: after warm-up, decode and verify steps (and draft
 // steps) make no device allocation.
 TEST(CudaSteadyState, DecodeVerifyAndDraftStepsDoNotAllocateDeviceMemory) {

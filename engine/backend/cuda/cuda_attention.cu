@@ -107,6 +107,10 @@ struct AttnGeom {
   bool causal;
   bool vec4;   // d % 4 == 0 and q, k, v 16-byte aligned: rows move as float4
   bool eager;  // one pair tile (decode, verify): stage rows before reading q_pos
+  // AttentionParams::positions_bound: key ranges come from q_pos alone (t and
+  // k_pos0 are not read), and partials block x = 0 sits at the chunk of the
+  // first query's first visible key, so one launch fits every step.
+  bool derive;
   float scale;
 };
 
@@ -119,7 +123,10 @@ __host__ __device__ inline int64_t floor_div(int64_t x, int64_t y) {
 struct KeyRange {
   int64_t lo, hi;
 };
+// With g.derive the tensor holds every key a query can see (the caller's
+// promise), so the same range follows from qp and the window alone.
 __device__ inline KeyRange visible_keys(int64_t qp, const AttnGeom& g) {
+  if (g.derive) return KeyRange{g.window > 0 ? max(int64_t{0}, qp - g.window + 1) : 0, qp};
   KeyRange r{g.k_pos0, g.k_pos0 + g.t - 1};
   if (g.causal) r.hi = min(r.hi, qp);
   if (g.window > 0) r.lo = max(r.lo, qp - g.window + 1);
@@ -287,7 +294,13 @@ __global__ void __launch_bounds__(kPartialThreads, 3)
 
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) / 32;
-  const int64_t c0 = (g.c_first + blockIdx.x) * kChunk;  // position of key 0 of the chunk
+  // Derived launches: the keys of this tile's queries (consecutive positions)
+  // span [first visible key of query 0, position of the last query].
+  const KeyRange hull =
+      g.derive ? KeyRange{visible_keys(q_pos[0], g).lo, static_cast<int64_t>(q_pos[g.s - 1])}
+               : KeyRange{g.k_pos0, g.k_pos0 + g.t - 1};
+  const int64_t c_first = g.derive ? floor_div(hull.lo, kChunk) : g.c_first;
+  const int64_t c0 = (c_first + blockIdx.x) * kChunk;  // position of key 0 of the chunk
   const int kvh = static_cast<int>(blockIdx.y);
   const int64_t pair0 = static_cast<int64_t>(blockIdx.z) * g.pair_tile;
   const int np =
@@ -318,8 +331,8 @@ __global__ void __launch_bounds__(kPartialThreads, 3)
   // Eager: stage every row of the chunk inside the key tensor before reading
   // q_pos, saving a memory latency (the visible keys are a subset).
   if (g.eager) {
-    stage_tiles(static_cast<int>(max(c0, g.k_pos0) - c0),
-                static_cast<int>(min(c0 + kChunk - 1, g.k_pos0 + g.t - 1) - c0));
+    stage_tiles(static_cast<int>(max(c0, hull.lo) - c0),
+                static_cast<int>(min(c0 + kChunk - 1, hull.hi) - c0));
   }
 
   if (static_cast<int>(threadIdx.x) < np) {
@@ -589,12 +602,21 @@ void CudaBackend::attention(const AttentionParams& p) {
   g.causal = p.causal;
   g.vec4 = d % 4 == 0 && aligned16(p.q.data()) && aligned16(p.k.data()) && aligned16(p.v.data());
   g.scale = p.scale;
+  g.derive = p.positions_bound > 0 && p.causal;
   // Chunks the key tensor touches (the partials grid), and slots per (query,
   // head): the chunks a visible range can touch, bounded by those and, for a
   // causal window, by the window length (a range of w positions touches at
   // most (w + kChunk - 2) / kChunk + 1 chunks; without causality a window
-  // bounds only the start of the range).
-  const int64_t n_chunks = t_len > 0 ? floor_div(p.k_pos0 + t_len - 1, kChunk) - g.c_first + 1 : 0;
+  // bounds only the start of the range). Derived launches size both by
+  // positions_bound instead of T, so they do not change from step to step.
+  int64_t n_chunks = t_len > 0 ? floor_div(p.k_pos0 + t_len - 1, kChunk) - g.c_first + 1 : 0;
+  if (g.derive) {
+    if (p.q_positions.numel() > 0 && t_len > 0 && p.k_pos0 + t_len > p.positions_bound) {
+      fail("attention: keys up to position {} reach past positions_bound {}", p.k_pos0 + t_len - 1,
+           p.positions_bound);
+    }
+    n_chunks = (p.positions_bound + kChunk - 1) / kChunk;
+  }
   if (n_chunks > INT_MAX) {
     fail("attention: k {} spans {} chunks of {} keys, more than the CUDA kernels support",
          p.k.describe(), n_chunks, kChunk);
@@ -604,6 +626,12 @@ void CudaBackend::attention(const AttentionParams& p) {
     n_slots = std::min<int64_t>(n_slots, (p.window + kChunk - 2) / kChunk + 1);
   }
   g.n_slots = static_cast<int>(n_slots);
+  // Derived sliding launches: the hull of a tile of s consecutive queries spans
+  // at most window + s - 1 positions.
+  auto derived_grid = [&](int64_t s) {
+    if (!g.derive || p.window <= 0) return n_chunks;
+    return std::min<int64_t>(n_chunks, (p.window + s - 1 + kChunk - 2) / kChunk + 1);
+  };
 
   // Tile the queries so one tile's partials fit the scratch; tiles are
   // independent (a query's result does not depend on its tile).
@@ -641,7 +669,8 @@ void CudaBackend::attention(const AttentionParams& p) {
     g.eager = int64_t{g.s} * g.group <= kPairTile;
     const int64_t offset = s0 * n_heads * d;
     if (n_chunks > 0) {
-      launch_partials(q + offset, k, v, pos + s0, part_ml, part_acc, g, n_chunks, stream());
+      launch_partials(q + offset, k, v, pos + s0, part_ml, part_acc, g, derived_grid(g.s),
+                      stream());
     }
     dispatch_combine(nr, std::make_integer_sequence<int, kMaxLaneDims>{}, pos + s0, part_ml,
                      part_acc, out + offset, g, /*after_partials=*/n_chunks > 0, stream());

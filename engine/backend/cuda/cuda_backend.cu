@@ -76,6 +76,13 @@ void CudaBackend::release(void* p) noexcept {
 void* CudaBackend::scratch(Scratch& s, size_t bytes) {
   std::lock_guard<std::mutex> lock(scratch_mutex_);
   if (bytes > s.size) {
+    if (capturing_) {
+      fail(
+          "cuda: an op needs {} bytes of scratch while a step is being recorded (run the step "
+          "once unrecorded first)",
+          bytes);
+    }
+    ++scratch_generation_;
     // Grow with headroom; the old buffer may still be read by queued work.
     check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
     if (s.data) cudaFree(s.data);
@@ -95,6 +102,7 @@ void CudaBackend::reserve_scratch(int64_t max_keys, int64_t max_width) {
 
 void CudaBackend::upload(const void* host, const Tensor& dst) {
   check_on(*this, "upload", "dst", dst);
+  if (capturing_) fail("upload: not allowed while a step is being recorded");
   if (dst.nbytes() == 0) return;
   check_cuda(cudaMemcpyAsync(dst.data(), host, dst.nbytes(), cudaMemcpyHostToDevice, stream_),
              "upload (cudaMemcpyAsync)");
@@ -103,6 +111,7 @@ void CudaBackend::upload(const void* host, const Tensor& dst) {
 
 void CudaBackend::download(const Tensor& src, void* host) {
   check_on(*this, "download", "src", src);
+  if (capturing_) fail("download: not allowed while a step is being recorded");
   if (src.nbytes() == 0) return;
   check_cuda(cudaMemcpyAsync(host, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, stream_),
              "download (cudaMemcpyAsync)");
@@ -110,6 +119,7 @@ void CudaBackend::download(const Tensor& src, void* host) {
 }
 
 void CudaBackend::synchronize() {
+  if (capturing_) fail("synchronize: not allowed while a step is being recorded");
   check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
 }
 
@@ -125,6 +135,60 @@ void CudaBackend::copy(const Tensor& src, const Tensor& dst) {
   check_cuda(
       cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToDevice, stream_),
       "copy (cudaMemcpyAsync)");
+}
+
+namespace {
+
+// A captured and instantiated CUDA graph, with the scratch generation it saw.
+class CudaStepGraph final : public StepGraph {
+ public:
+  CudaStepGraph(const CudaBackend* owner, cudaGraphExec_t exec, uint64_t generation)
+      : owner_(owner), exec_(exec), generation_(generation) {}
+  ~CudaStepGraph() override {
+    if (exec_) cudaGraphExecDestroy(exec_);
+  }
+  CudaStepGraph(const CudaStepGraph&) = delete;
+  CudaStepGraph& operator=(const CudaStepGraph&) = delete;
+
+  const CudaBackend* owner_;
+  cudaGraphExec_t exec_;
+  uint64_t generation_;
+};
+
+}  // namespace
+
+void CudaBackend::begin_capture() {
+  if (capturing_) fail("cuda: begin_capture while a step is already being recorded");
+  if (profiling_enabled()) {
+    fail("cuda: steps cannot be recorded with SPECULA_CUDA_PROFILE=1 (it synchronises every op)");
+  }
+  check_cuda(cudaSetDevice(device_index_), "cudaSetDevice");
+  // Relaxed: other threads may keep using the CUDA API (allocation, other
+  // streams) while this stream records.
+  check_cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed),
+             "cudaStreamBeginCapture");
+  capturing_ = true;
+}
+
+std::unique_ptr<StepGraph> CudaBackend::end_capture() {
+  if (!capturing_) fail("cuda: end_capture without begin_capture");
+  capturing_ = false;
+  cudaGraph_t graph = nullptr;
+  check_cuda(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  check_cuda(st, "cudaGraphInstantiate");
+  return std::make_unique<CudaStepGraph>(this, exec, scratch_generation_);
+}
+
+bool CudaBackend::replay(StepGraph& graph) {
+  auto* g = dynamic_cast<CudaStepGraph*>(&graph);
+  if (g == nullptr || g->owner_ != this) fail("cuda: replay of a graph recorded elsewhere");
+  if (capturing_) fail("cuda: replay while a step is being recorded");
+  if (g->generation_ != scratch_generation_) return false;
+  check_cuda(cudaGraphLaunch(g->exec_, stream_), "cudaGraphLaunch");
+  return true;
 }
 
 namespace {

@@ -59,6 +59,11 @@ class CudaBackend final : public Backend {
   // ---- products (cuda_linear.cu) ----
   void linear(const Tensor& x, const Tensor& w, const Tensor& y) override;
   void linear_prefill(const Tensor& x, const Tensor& w, const Tensor& y) override;
+  // One launch for all outputs (same per-column arithmetic as linear()).
+  void linear_multi(const Tensor& x, std::span<const LinearOut> outs) override;
+  // gate and up columns computed by the same warps; gelu_tanh(gate) ⊙ up in the epilogue.
+  void linear_gelu_mul(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
+                       const Tensor& gate, const Tensor& up) override;
   void embedding(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override;
 
   // ---- attention (cuda_attention.cu) ----
@@ -69,6 +74,14 @@ class CudaBackend final : public Backend {
   void rms_norm_add(const Tensor& x, const Tensor& weight, float eps, const Tensor& residual,
                     float post_scale) override;
   void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
+
+  // ---- fused steps of a layer (cuda_fused.cu) ----
+  void rms_norm_add_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& residual,
+                         float post_scale, const Tensor& next_weight,
+                         const Tensor& next_out) override;
+  void attention_inputs(const AttentionInputsParams& p) override;
+  void store_kv(const Tensor& k, const Tensor& v, const Tensor& positions, const Tensor& cache_k,
+                const Tensor& cache_v) override;
   void gelu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override;
   void gelu(const Tensor& x, const Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override;
@@ -83,6 +96,20 @@ class CudaBackend final : public Backend {
   // ---- mixture of experts (cuda_moe.cu) ----
   void moe_route(const MoeRouteParams& p) override;
   void moe_experts(const MoeExpertsParams& p) override;
+
+  // ---- recorded steps (cuda_backend.cu): CUDA graphs captured on stream() ----
+  bool supports_graphs() const override { return true; }
+  void begin_capture() override;
+  std::unique_ptr<StepGraph> end_capture() override;
+  // False when the graph is stale (see scratch_generation); throws for a graph
+  // of another backend.
+  bool replay(StepGraph& graph) override;
+  // True between begin_capture() and end_capture(): ops that would synchronise
+  // or allocate fail with a clear error instead of breaking the capture.
+  bool capturing() const { return capturing_; }
+  // Bumped whenever a scratch buffer moves: a graph recorded before points at
+  // freed memory, so replay() refuses it.
+  uint64_t scratch_generation() const { return scratch_generation_; }
 
   cudaStream_t stream() const { return stream_; }
   int device_index() const { return device_index_; }
@@ -113,6 +140,8 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   std::atomic<int64_t> allocations_{0};
+  bool capturing_ = false;
+  uint64_t scratch_generation_ = 0;
   std::mutex scratch_mutex_;
 };
 

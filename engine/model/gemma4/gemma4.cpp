@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 namespace specula::gemma4 {
 namespace {
@@ -88,6 +90,12 @@ struct Gemma4Model::RowPlan {
   // forward) and one reused by every other sliding layer.
   bool gather = false;
   Tensor donor_gather_k, donor_gather_v, gather_k, gather_v;
+  // Rows that are not gathered: each cache-owning layer's storage, which the
+  // layer's attention_inputs / store_kv writes the new rows into (bookkept
+  // before the layers run, so a replayed graph needs no per-layer host work),
+  // and the positions_bound of their attention (a power of two from 64 up).
+  std::vector<Tensor> store_k, store_v;
+  int64_t positions_bound = 0;
 };
 
 Gemma4Model::~Gemma4Model() = default;
@@ -179,6 +187,13 @@ void Gemma4Model::init_after_weights(const LoadOptions& options) {
   for (const LayerSpec& l : c.layers) max_width = std::max<int64_t>(max_width, l.intermediate_size);
   be.reserve_scratch(kv_spec_.max_context, max_width);
   scratch_ = std::make_unique<Scratch>();
+  const char* no_graphs = std::getenv("SPECULA_NO_GRAPHS");
+  graphs_enabled_ = !(no_graphs != nullptr && std::string(no_graphs) == "1");
+}
+
+void Gemma4Model::set_graphs_enabled(bool on) {
+  graphs_enabled_ = on;
+  if (!on) graphs_.clear();
 }
 
 int64_t Gemma4Model::weight_bytes() const {
@@ -275,6 +290,12 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
     // writing n rows it still holds the window of the oldest query when
     // n <= max_rollback + 1.
     p.gather = p.n > kv_spec_.max_rollback + 1;
+    p.positions_bound = 0;
+    if (!p.gather) {
+      int64_t bound = 64;
+      while (bound < p.pos0 + p.n) bound *= 2;
+      p.positions_bound = bound;
+    }
     begin += rows[r].tokens.size();
   }
 
@@ -351,6 +372,99 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
   }
   be.upload(host_inputs_.data(), s.inputs);  // one transfer (and one wait) per forward
 
+  // Cache bookkeeping of the rows that are not gathered: where each layer's
+  // new rows go (the device ops that write them are part of the step).
+  for (size_t r = 0; r < rows.size(); ++r) {
+    RowPlan& p = plans_[r];
+    p.store_k.assign(static_cast<size_t>(L), Tensor());
+    p.store_v.assign(static_cast<size_t>(L), Tensor());
+    if (p.gather) continue;
+    for (int l = 0; l < L; ++l) {
+      if (c.layers[static_cast<size_t>(l)].kv_shared) continue;
+      SequenceKv::Storage st = rows[r].kv->store_target(l, p.pos0, p.n);
+      p.store_k[static_cast<size_t>(l)] = st.k;
+      p.store_v[static_cast<size_t>(l)] = st.v;
+    }
+  }
+
+  output_.row_out_begin.assign(rows.size() + 1, 0);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    output_.row_out_begin[r + 1] =
+        output_.row_out_begin[r] + (rows[r].all_logits ? plans_[r].n : 1);
+  }
+  output_.hidden = s.out_hidden;
+  output_.logits = options.compute_logits ? s.logits : Tensor();
+
+  // Decode steps and verify windows run as recorded graphs where the backend
+  // has them: the second time a step shape is seen it is recorded, and from
+  // then on replayed (the first sighting runs directly, which also sizes every
+  // scratch buffer the recording must not grow).
+  const bool graph_ok =
+      be.supports_graphs() && graphs_enabled_ && !options.prefill &&
+      !options.capture_layer_hidden && !options.capture_donor_kv &&
+      std::none_of(plans_.begin(), plans_.end(), [](const RowPlan& p) { return p.gather; });
+  if (!graph_ok) {
+    run_step(rows, options);
+  } else {
+    std::vector<int64_t>& key = graph_key_;
+    key.clear();
+    key.push_back(M);
+    key.push_back(options.compute_logits);
+    key.push_back(reinterpret_cast<intptr_t>(arena_.base()));
+    for (size_t r = 0; r < rows.size(); ++r) {
+      const RowPlan& p = plans_[r];
+      key.push_back(p.n);
+      key.push_back(rows[r].all_logits);
+      key.push_back(p.positions_bound);
+      for (const Tensor& t : p.store_k) key.push_back(reinterpret_cast<intptr_t>(t.data()));
+    }
+    if (graphs_.size() >= kMaxGraphs && graphs_.find(key) == graphs_.end()) graphs_.clear();
+    GraphEntry& e = graphs_[key];
+    ++e.seen;
+    if (e.graph != nullptr && be.replay(*e.graph)) {
+      ++graph_replays_;
+    } else if (e.seen < 2 && e.graph == nullptr) {
+      run_step(rows, options);
+    } else {
+      e.graph.reset();
+      be.begin_capture();
+      try {
+        run_step(rows, options);
+      } catch (...) {
+        try {
+          be.end_capture();
+        } catch (...) {
+        }
+        throw;
+      }
+      e.graph = be.end_capture();
+      if (!be.replay(*e.graph)) fail("forward: a graph went stale as soon as it was recorded");
+      ++graph_replays_;
+    }
+  }
+
+  if (options.capture_layer_hidden) {
+    output_.layer_hidden.emplace_back(DType::kF32, Shape{M, H});
+    be.rms_norm(s.h, weights_.norm, static_cast<float>(c.rms_norm_eps), s.xn);
+    be.download(s.xn, output_.layer_hidden.back().view().data());
+  }
+
+  for (size_t r = 0; r < rows.size(); ++r) rows[r].kv->commit(plans_[r].n);
+  return output_;
+}
+
+// The device work of one forward (everything after the upload): embedding,
+// the layers, the final norm and the head. Recordable when no row is gathered
+// and nothing is captured to the host.
+void Gemma4Model::run_step(std::span<const ForwardRow> rows, const ForwardOptions& options) {
+  const Gemma4Config& c = config_;
+  Backend& be = *backend_;
+  Scratch& s = *scratch_;
+  const int L = c.num_hidden_layers;
+  const int64_t H = c.hidden_size;
+  const int64_t P = c.hidden_size_per_layer_input;
+  const int64_t M = s.h.dim(0);
+
   // Embedding (×√H cast to the table dtype) and per-layer inputs (§3.1-3.2).
   be.embedding(weights_.embed_tokens, s.ids, embed_scale_, s.h);
   if (P > 0) {
@@ -373,8 +487,10 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
     be.download(s.h, output_.layer_hidden.back().view().data());
   }
 
+  bool xn_ready = false;  // s.xn already holds the next layer's normed input
   for (int l = 0; l < L; ++l) {
-    run_layer(l, rows, plans_, options);
+    // Capturing the hidden states needs s.h after every layer: no fusion across layers.
+    xn_ready = run_layer(l, rows, plans_, options, xn_ready, !options.capture_layer_hidden);
     if (options.capture_layer_hidden && l + 1 < L) {
       output_.layer_hidden.emplace_back(DType::kF32, Shape{M, H});
       be.download(s.h, output_.layer_hidden.back().view().data());
@@ -413,34 +529,19 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
   }
 
   // Final norm and head on the requested positions (§3.6).
-  output_.row_out_begin.assign(rows.size() + 1, 0);
-  int64_t out = 0;
   for (size_t r = 0; r < rows.size(); ++r) {
     const RowPlan& p = plans_[r];
-    output_.row_out_begin[r] = out;
+    const int64_t out = output_.row_out_begin[r];
     const int64_t first = rows[r].all_logits ? 0 : p.n - 1;
     be.copy(s.h.slice_rows(p.begin + first, p.begin + p.n),
             s.out_hidden.slice_rows(out, out + p.n - first));
-    out += p.n - first;
   }
-  output_.row_out_begin[rows.size()] = out;
   be.rms_norm(s.out_hidden, weights_.norm, static_cast<float>(c.rms_norm_eps), s.out_hidden);
-  output_.hidden = s.out_hidden;
-  output_.logits = Tensor();
   if (options.compute_logits) {
     product(s.out_hidden, weights_.embed_tokens, s.logits, options);
     if (c.final_logit_softcapping)
       be.softcap(s.logits, static_cast<float>(*c.final_logit_softcapping), s.logits);
-    output_.logits = s.logits;
   }
-  if (options.capture_layer_hidden) {
-    output_.layer_hidden.emplace_back(DType::kF32, Shape{M, H});
-    be.rms_norm(s.h, weights_.norm, static_cast<float>(c.rms_norm_eps), s.xn);
-    be.download(s.xn, output_.layer_hidden.back().view().data());
-  }
-
-  for (size_t r = 0; r < rows.size(); ++r) rows[r].kv->commit(plans_[r].n);
-  return output_;
 }
 
 void Gemma4Model::product(const Tensor& x, const Tensor& w, const Tensor& y,
@@ -452,8 +553,8 @@ void Gemma4Model::product(const Tensor& x, const Tensor& w, const Tensor& y,
   }
 }
 
-void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<RowPlan> plans,
-                            const ForwardOptions& options) {
+bool Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<RowPlan> plans,
+                            const ForwardOptions& options, bool xn_ready, bool fuse_next_norm) {
   const Gemma4Config& c = config_;
   Backend& be = *backend_;
   Scratch& s = *scratch_;
@@ -469,55 +570,81 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
   const Tensor& inv_freq = sliding ? inv_freq_sliding_ : inv_freq_full_;
   const size_t li = static_cast<size_t>(l);
 
-  // 1. Attention block (§4 step 1, §4.2).
-  be.rms_norm(s.h, w.input_layernorm, eps, s.xn);
+  // 1. Attention block (§4 step 1, §4.2): projections, then q/k norms, RoPE and
+  // the cache store in one attention_inputs call.
+  if (!xn_ready) be.rms_norm(s.h, w.input_layernorm, eps, s.xn);
   Tensor q = Tensor(s.q.data(), DType::kF32, {M, Nh * D}, s.q.device());
-  product(s.xn, w.q_proj, q, options);
-  be.rms_norm(q.reshape({M * Nh, D}), w.q_norm, eps, q.reshape({M * Nh, D}));
-  be.rope(q.reshape({M, Nh, D}), s.positions, inv_freq);
+  AttentionInputsParams in;
+  in.q = q.reshape({M, Nh, D});
+  in.q_norm = w.q_norm;
+  in.positions = s.positions;
+  in.inv_freq = inv_freq;
+  in.eps = eps;
+  Tensor k, v;
+  if (!spec.kv_shared) {
+    k = Tensor(s.k.data(), DType::kF32, {M, KV * D}, s.k.device());
+    v = Tensor(s.v.data(), DType::kF32, {M, KV * D}, s.v.device());
+    // V derives from the raw K projection when attention_k_eq_v.
+    if (spec.k_eq_v) {
+      products(s.xn, {{w.q_proj, q}, {w.k_proj, k}}, options);
+    } else {
+      products(s.xn, {{w.q_proj, q}, {w.k_proj, k}, {w.v_proj, v}}, options);
+    }
+    in.k = k.reshape({M, KV, D});
+    in.k_norm = w.k_norm;
+    in.v = v.reshape({M, KV, D});
+    in.v_from_k = spec.k_eq_v;
+    // One row that is not gathered: the cache store is part of the same call.
+    if (rows.size() == 1 && !plans[0].gather) {
+      in.cache_k = plans[0].store_k[li];
+      in.cache_v = plans[0].store_v[li];
+    }
+  } else {
+    product(s.xn, w.q_proj, q, options);
+  }
+  be.attention_inputs(in);
 
   if (!spec.kv_shared) {
-    Tensor k = Tensor(s.k.data(), DType::kF32, {M, KV * D}, s.k.device());
-    Tensor v = Tensor(s.v.data(), DType::kF32, {M, KV * D}, s.v.device());
-    product(s.xn, w.k_proj, k, options);
-    if (spec.k_eq_v) {
-      be.copy(k, v);  // V derives from the raw K projection (attention_k_eq_v)
-    } else {
-      product(s.xn, w.v_proj, v, options);
-    }
-    be.rms_norm(k.reshape({M * KV, D}), w.k_norm, eps, k.reshape({M * KV, D}));
-    be.rope(k.reshape({M, KV, D}), s.positions, inv_freq);
-    be.rms_norm(v.reshape({M * KV, D}), Tensor(), eps, v.reshape({M * KV, D}));
     for (size_t r = 0; r < rows.size(); ++r) {
       RowPlan& p = plans[r];
       SequenceKv& kv = *rows[r].kv;
       Tensor k_new = k.slice_rows(p.begin, p.begin + p.n).reshape({p.n, KV, D});
       Tensor v_new = v.slice_rows(p.begin, p.begin + p.n).reshape({p.n, KV, D});
-      if (sliding) {
+      if (!p.gather) {
+        if (in.cache_k.empty()) {
+          be.store_kv(k_new, v_new, s.positions.slice_rows(p.begin, p.begin + p.n), p.store_k[li],
+                      p.store_v[li]);
+        }
+        if (sliding) {
+          // Attend to the ring in place: after writing n rows it still holds
+          // the window of the oldest query (n <= max_rollback + 1).
+          const int64_t from = std::max<int64_t>(0, p.pos0 - c.sliding_window + 1);
+          p.attn_pos0[li] = from;
+          p.attn_k[li] = p.store_k[li];
+          p.attn_v[li] = p.store_v[li];
+          p.attn_ring_keys[li] = p.pos0 - from + p.n;
+        } else {
+          p.attn_k[li] = p.store_k[li].slice_rows(0, p.pos0 + p.n);
+          p.attn_v[li] = p.store_v[li].slice_rows(0, p.pos0 + p.n);
+          p.attn_pos0[li] = 0;
+        }
+      } else if (sliding) {
+        // Window rows from the ring, then the new rows, in one contiguous block.
         const int64_t from = std::max<int64_t>(0, p.pos0 - c.sliding_window + 1);
         const int64_t old = p.pos0 - from;
         p.attn_pos0[li] = from;
-        if (!p.gather) {
-          // Write the new rows, then attend to the ring in place.
-          kv.write_ring(l, p.pos0, k_new, v_new);
-          p.attn_k[li] = kv.ring_storage_k(l);
-          p.attn_v[li] = kv.ring_storage_v(l);
-          p.attn_ring_keys[li] = old + p.n;
-        } else {
-          // Window rows from the ring, then the new rows, in one contiguous block.
-          const bool donor = l == c.sliding_donor && c.first_shared_layer < c.num_hidden_layers;
-          const Shape shape{old + p.n, KV, D};
-          Tensor gk =
-              (donor ? p.donor_gather_k : p.gather_k).slice_rows(0, shape.numel()).reshape(shape);
-          Tensor gv =
-              (donor ? p.donor_gather_v : p.gather_v).slice_rows(0, shape.numel()).reshape(shape);
-          if (old > 0) kv.read_ring(l, from, p.pos0, gk.slice_rows(0, old), gv.slice_rows(0, old));
-          be.copy(k_new, gk.slice_rows(old, old + p.n));
-          be.copy(v_new, gv.slice_rows(old, old + p.n));
-          kv.write_ring(l, p.pos0, k_new, v_new);
-          p.attn_k[li] = gk;
-          p.attn_v[li] = gv;
-        }
+        const bool donor = l == c.sliding_donor && c.first_shared_layer < c.num_hidden_layers;
+        const Shape shape{old + p.n, KV, D};
+        Tensor gk =
+            (donor ? p.donor_gather_k : p.gather_k).slice_rows(0, shape.numel()).reshape(shape);
+        Tensor gv =
+            (donor ? p.donor_gather_v : p.gather_v).slice_rows(0, shape.numel()).reshape(shape);
+        if (old > 0) kv.read_ring(l, from, p.pos0, gk.slice_rows(0, old), gv.slice_rows(0, old));
+        be.copy(k_new, gk.slice_rows(old, old + p.n));
+        be.copy(v_new, gv.slice_rows(old, old + p.n));
+        kv.write_ring(l, p.pos0, k_new, v_new);
+        p.attn_k[li] = gk;
+        p.attn_v[li] = gv;
       } else {
         kv.write_full(l, p.pos0, k_new, v_new);
         p.attn_k[li] = kv.full_keys(l, p.pos0 + p.n);
@@ -548,22 +675,30 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
     // Long chunks are prefill: tensor-core attention there (not batch invariant,
     // and nothing compares a prefill chunk with decode steps bit for bit).
     ap.allow_fast_prefill = p.gather;
+    // Short chunks read the cache in place: a launch that fits every step
+    // below the bound (recordable), with the same results.
+    ap.positions_bound = p.positions_bound;
     ap.causal = true;
     ap.window = sliding ? c.sliding_window : 0;
     ap.scale = 1.0f;  // Gemma 4 normalises q and k instead of scaling (§2.5)
     be.attention(ap);
   }
   product(attn, w.o_proj, s.o, options);
-  be.rms_norm_add(s.o, w.post_attention_layernorm, eps, s.h);
+  // Residual update, then the feed-forward input norm of the new residual.
+  be.rms_norm_add_norm(s.o, w.post_attention_layernorm, eps, s.h, 1.0f, w.pre_feedforward_layernorm,
+                       s.xn);
 
   // 2-4. Feed-forward: dense MLP, plus the routed experts on MoE layers (§4, §6).
   const int64_t I = spec.intermediate_size;
   Tensor gate = Tensor(s.gate.data(), DType::kF32, {M, I}, s.gate.device());
   Tensor up = Tensor(s.up.data(), DType::kF32, {M, I}, s.up.device());
-  be.rms_norm(s.h, w.pre_feedforward_layernorm, eps, s.xn);
-  product(s.xn, w.gate_proj, gate, options);
-  product(s.xn, w.up_proj, up, options);
-  be.gelu_mul(gate, up, gate);
+  if (options.prefill) {
+    product(s.xn, w.gate_proj, gate, options);
+    product(s.xn, w.up_proj, up, options);
+    be.gelu_mul(gate, up, gate);
+  } else {
+    be.linear_gelu_mul(s.xn, w.gate_proj, w.up_proj, gate, up);
+  }
   product(gate, w.down_proj, s.o, options);
   if (c.enable_moe_block) {
     be.rms_norm(s.o, w.post_feedforward_layernorm_1, eps, s.o);
@@ -585,18 +720,40 @@ void Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
     be.rms_norm(s.moe_out, w.post_feedforward_layernorm_2, eps, s.moe_out);
     be.add(s.o, s.moe_out, s.o);
   }
+  // The layer's last residual update also takes the next layer's input norm.
+  const bool fuse = fuse_next_norm && l + 1 < c.num_hidden_layers;
+  auto last_update = [&](const Tensor& x, const Tensor& norm_w, float post_scale) {
+    if (fuse) {
+      be.rms_norm_add_norm(x, norm_w, eps, s.h, post_scale, weights_.layers[li + 1].input_layernorm,
+                           s.xn);
+    } else {
+      be.rms_norm_add(x, norm_w, eps, s.h, post_scale);
+    }
+  };
   // 6. layer_scalar scales the whole residual stream, folded into the last
   // residual update of the layer.
   const float layer_scalar = layer_scalars_[li];
-  be.rms_norm_add(s.o, w.post_feedforward_layernorm, eps, s.h, c.has_ple() ? 1.0f : layer_scalar);
+  if (!c.has_ple()) {
+    last_update(s.o, w.post_feedforward_layernorm, layer_scalar);
+    return fuse;
+  }
+  be.rms_norm_add(s.o, w.post_feedforward_layernorm, eps, s.h, 1.0f);
 
   // 5. Per-layer input (§4 step 5).
-  if (c.has_ple()) {
-    product(s.h, w.per_layer_input_gate, s.ple_gate, options);
-    be.gelu(s.ple_gate, s.ple_gate);
-    be.mul(s.ple_gate, s.ple.row(l), s.ple_gate);
-    product(s.ple_gate, w.per_layer_projection, s.o, options);
-    be.rms_norm_add(s.o, w.post_per_layer_input_norm, eps, s.h, layer_scalar);
+  product(s.h, w.per_layer_input_gate, s.ple_gate, options);
+  be.gelu(s.ple_gate, s.ple_gate);
+  be.mul(s.ple_gate, s.ple.row(l), s.ple_gate);
+  product(s.ple_gate, w.per_layer_projection, s.o, options);
+  last_update(s.o, w.post_per_layer_input_norm, layer_scalar);
+  return fuse;
+}
+
+void Gemma4Model::products(const Tensor& x, std::initializer_list<LinearOut> outs,
+                           const ForwardOptions& options) {
+  if (options.prefill) {
+    for (const LinearOut& o : outs) backend_->linear_prefill(x, o.w, o.y);
+  } else {
+    backend_->linear_multi(x, std::span<const LinearOut>(outs.begin(), outs.size()));
   }
 }
 

@@ -8,6 +8,8 @@
 // committed only when the whole forward succeeded.
 #pragma once
 
+#include <initializer_list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -108,16 +110,38 @@ class Gemma4Model {
   // assistant drafter consumes it. ids i32 [N] → out f32 [N, H].
   void embed_scaled(const Tensor& ids, const Tensor& out);
 
+  // Recorded steps (CUDA graphs) for decode steps and verify windows: on by
+  // default where the backend supports them (SPECULA_NO_GRAPHS=1 turns them off
+  // at load). Results are identical either way.
+  void set_graphs_enabled(bool on);
+  bool graphs_enabled() const { return graphs_enabled_; }
+  // Forwards that ran as a replayed graph so far (for tests and benchmarks).
+  int64_t graph_replays() const { return graph_replays_; }
+
  private:
   Gemma4Model() = default;
   // Shared by load() and random(): host copies of scalars, RoPE tables, the KV
   // cache spec and the backend's scratch.
   void init_after_weights(const LoadOptions& options);
   struct RowPlan;
-  void run_layer(int layer, std::span<const ForwardRow> rows, std::span<RowPlan> plans,
-                 const ForwardOptions& options);
+  // A recorded forward (Backend::begin_capture) and how often its key was seen.
+  struct GraphEntry {
+    int64_t seen = 0;
+    std::unique_ptr<StepGraph> graph;
+  };
+  // The device work of a forward after its inputs are uploaded (recordable for
+  // decode steps and verify windows).
+  void run_step(std::span<const ForwardRow> rows, const ForwardOptions& options);
+  // One decoder layer. xn_ready: s.xn already holds this layer's normed input.
+  // fuse_next_norm: end with the next layer's input norm in s.xn (returns
+  // whether it did).
+  bool run_layer(int layer, std::span<const ForwardRow> rows, std::span<RowPlan> plans,
+                 const ForwardOptions& options, bool xn_ready, bool fuse_next_norm);
   // linear() or, for prefill forwards, linear_prefill().
   void product(const Tensor& x, const Tensor& w, const Tensor& y, const ForwardOptions& options);
+  // Products of one x: linear_multi, or linear_prefill each for prefill forwards.
+  void products(const Tensor& x, std::initializer_list<LinearOut> outs,
+                const ForwardOptions& options);
 
   std::string path_;
   Gemma4Config config_;
@@ -140,6 +164,13 @@ class Gemma4Model {
   std::unique_ptr<Scratch> scratch_;
   std::vector<RowPlan> plans_;        // reused across forwards
   std::vector<int32_t> host_inputs_;  // ids then positions, staged for the upload; reused
+  // Recorded steps by shape (rows, their lengths, positions bounds, caches,
+  // arena); cleared when more than kMaxGraphs shapes accumulate.
+  static constexpr size_t kMaxGraphs = 64;
+  std::map<std::vector<int64_t>, GraphEntry> graphs_;
+  std::vector<int64_t> graph_key_;
+  bool graphs_enabled_ = true;
+  int64_t graph_replays_ = 0;
 };
 
 // Builds the inverse frequencies of one layer type (gemma4-architecture.md §2.4):
