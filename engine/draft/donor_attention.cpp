@@ -6,27 +6,26 @@
 namespace specula {
 
 TargetCacheDonors::TargetCacheDonors(Backend& backend, const gemma4::Gemma4Config& target)
-    : backend_(backend),
-      sliding_donor_(target.sliding_donor),
-      full_donor_(target.full_donor),
-      positions_(backend, sizeof(int32_t)) {
-  const int32_t zero = 0;
-  backend_.upload(&zero, positions_.view(DType::kI32, {1}));
-  if (sliding_donor_ >= 0) {
-    const gemma4::LayerSpec& spec = target.layers[static_cast<size_t>(sliding_donor_)];
-    reserve_gather((int64_t{target.sliding_window} + 1) * spec.n_kv_heads * spec.head_dim);
-  }
-}
+    : backend_(backend), sliding_donor_(target.sliding_donor), full_donor_(target.full_donor) {}
 
-void TargetCacheDonors::reserve_gather(int64_t elements) {
-  const size_t bytes = static_cast<size_t>(elements) * sizeof(float);
-  if (gather_k_.size() >= bytes) return;
-  gather_k_ = DeviceBuffer(backend_, bytes);
-  gather_v_ = DeviceBuffer(backend_, bytes);
-}
-
-void TargetCacheDonors::bind(std::span<SequenceKv* const> rows) {
+void TargetCacheDonors::bind(std::span<SequenceKv* const> rows, const Tensor& newest_keys) {
   rows_.assign(rows.begin(), rows.end());
+  const int64_t B = static_cast<int64_t>(rows_.size());
+  if (!newest_keys.empty()) {
+    SPECULA_CHECK(newest_keys.dtype() == DType::kI32 && newest_keys.shape() == Shape({B}),
+                  "donor attention: newest_keys {} must be i32[{}]", newest_keys.describe(), B);
+    newest_keys_ = newest_keys;
+    return;
+  }
+  host_keys_.resize(rows_.size());
+  for (size_t b = 0; b < rows_.size(); ++b) {
+    host_keys_[b] = static_cast<int32_t>(rows_[b]->length() - 1);
+  }
+  if (own_keys_.size() < host_keys_.size() * sizeof(int32_t)) {
+    own_keys_ = DeviceBuffer(backend_, host_keys_.size() * sizeof(int32_t));
+  }
+  newest_keys_ = own_keys_.view(DType::kI32, {B});
+  backend_.upload(host_keys_.data(), newest_keys_);
 }
 
 void TargetCacheDonors::attend(gemma4::LayerType type, const Tensor& q, int recent, float scale,
@@ -41,15 +40,14 @@ void TargetCacheDonors::attend(gemma4::LayerType type, const Tensor& q, int rece
     SPECULA_CHECK(length > 0, "row {}: the drafter needs a prefilled target cache", b);
     const int64_t from = recent > 0 ? std::max<int64_t>(0, length - recent) : 0;
     Tensor k, v;
+    int64_t ring_keys = -1;
     if (kv.is_ring(donor)) {
-      const KvLayerSpec& spec = kv.spec().layers[static_cast<size_t>(donor)];
-      const int64_t rows = length - from;
-      // Rows of one step reuse the same scratch: ops are queued in order, so row
-      // b's attention has read it before row b + 1's gather overwrites it.
-      reserve_gather(rows * spec.n_kv_heads * spec.head_dim);
-      k = gather_k_.view(DType::kF32, {rows, spec.n_kv_heads, spec.head_dim});
-      v = gather_v_.view(DType::kF32, {rows, spec.n_kv_heads, spec.head_dim});
-      kv.read_ring(donor, from, length, k, v);
+      // Read the ring in place (same results as the keys gathered in order).
+      SPECULA_CHECK(from >= kv.ring_oldest(donor), "row {}: ring of layer {} lost position {}", b,
+                    donor, from);
+      k = kv.ring_storage_k(donor);
+      v = kv.ring_storage_v(donor);
+      ring_keys = length - from;
     } else {
       k = kv.full_keys(donor, length).slice_rows(from, length);
       v = kv.full_values(donor, length).slice_rows(from, length);
@@ -61,10 +59,18 @@ void TargetCacheDonors::attend(gemma4::LayerType type, const Tensor& q, int rece
     p.v = v;
     p.out = out.slice_rows(static_cast<int64_t>(b), static_cast<int64_t>(b) + 1)
                 .reshape({1, n_heads, D});
-    p.q_positions = positions_.view(DType::kI32, {1});
+    // Every key in [from, length) and nothing else, written as causal
+    // attention of a query at the newest key with a window of `recent` (the
+    // same keys, so the same results), so that the launch can take its key
+    // range from the device position (positions_bound: recordable).
+    p.q_positions = newest_keys_.slice_rows(static_cast<int64_t>(b), static_cast<int64_t>(b) + 1);
     p.k_pos0 = from;
-    p.causal = false;
-    p.window = 0;
+    p.ring_keys = ring_keys;
+    p.causal = true;
+    p.window = recent;
+    int64_t bound = 64;
+    while (bound < length) bound *= 2;
+    p.positions_bound = bound;
     p.scale = scale;
     backend_.attention(p);
   }

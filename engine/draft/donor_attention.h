@@ -30,24 +30,26 @@ class DonorAttention {
 // Runs on `backend`'s device (the target's caches live there too).
 class TargetCacheDonors : public DonorAttention {
  public:
-  // Reserves the ring-window scratch for the sliding donor's drafter window
-  // (sliding_window + 1 entries): steady steps allocate nothing.
+  // Sliding donors are read in place from the target's ring (no gather, no
+  // scratch): steady steps allocate nothing.
   TargetCacheDonors(Backend& backend, const gemma4::Gemma4Config& target);
   // Binds the rows of the next draft steps (pointers must stay valid while used).
-  void bind(std::span<SequenceKv* const> rows);
+  // newest_keys: i32 [B] on the device holding each row's kv.length() - 1 (the
+  // position its donor query sits at, so that attention reads its key range
+  // from the device and a recorded step serves later steps); empty: uploaded
+  // here (one small synchronous upload).
+  void bind(std::span<SequenceKv* const> rows, const Tensor& newest_keys = Tensor());
   void attend(gemma4::LayerType type, const Tensor& q, int recent, float scale,
               const Tensor& out) override;
 
  private:
-  // Grows the ring-window scratch to hold `elements` f32 values per tensor.
-  void reserve_gather(int64_t elements);
-
   Backend& backend_;
   int sliding_donor_ = -1;
   int full_donor_ = -1;
   std::vector<SequenceKv*> rows_;
-  DeviceBuffer gather_k_, gather_v_;  // device ring-window scratch, grown on demand
-  DeviceBuffer positions_;            // i32 [1] zero (unused by non-causal attention)
+  DeviceBuffer own_keys_;  // i32 [B] newest key positions when bind() gets none
+  Tensor newest_keys_;     // i32 [B] (bound)
+  std::vector<int32_t> host_keys_;
 };
 
 }  // namespace specula

@@ -252,6 +252,72 @@ TEST(CudaGraphs, ReplayedStepsEqualDirectSteps) {
   model->set_graphs_enabled(true);
 }
 
+// Draft steps with the dense head are recorded and replayed too: their logits
+// equal the same steps run directly, bit for bit, over rounds of 4 steps while
+// the target's cache grows (across positions bounds and ring wraps), for one
+// row and for two rows.
+TEST(CudaGraphs, ReplayedDraftStepsEqualDirectSteps) {
+  SKIP_WITHOUT_CUDA();
+  if (!have("e2b_like") || !have("e2b_like_assistant_dense")) GTEST_SKIP();
+  auto target = gemma4::Gemma4Model::load(golden("e2b_like"), on_cuda());
+  auto drafter = assistant::AssistantDrafter::load(golden("e2b_like_assistant_dense"),
+                                                   target->config(), target->backend());
+  ASSERT_FALSE(drafter->centroid_head());
+  assistant::AssistantDraftSource source(*target, *drafter);
+  Backend& be = target->backend();
+  const int vocab = target->config().vocab_size;
+  const int64_t H = target->config().hidden_size;
+  auto run = [&](bool graphs, int n_rows) {
+    target->set_graphs_enabled(graphs);
+    std::vector<SequenceKv> kvs;
+    for (int r = 0; r < n_rows; ++r) kvs.push_back(target->new_sequence());
+    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(n_rows));
+    std::vector<gemma4::ForwardRow> rows;
+    for (int r = 0; r < n_rows; ++r) {
+      for (int i = 0; i < 5 + 3 * r; ++i) prompts[static_cast<size_t>(r)].push_back(3 + 11 * i + r);
+      rows.push_back(
+          {.kv = &kvs[static_cast<size_t>(r)], .tokens = prompts[static_cast<size_t>(r)]});
+    }
+    target->forward(rows);
+    std::vector<float> hidden(static_cast<size_t>(n_rows * H), 0.25f);
+    std::vector<float> all;
+    std::vector<int32_t> next(static_cast<size_t>(n_rows));
+    for (int round = 0; round < 60; ++round) {
+      std::vector<DraftRow> draft_rows;
+      for (int r = 0; r < n_rows; ++r) {
+        draft_rows.push_back(
+            {.request = r,
+             .token = 3 + (round * 29 + r) % (vocab - 3),
+             .position = static_cast<int32_t>(kvs[static_cast<size_t>(r)].length()),
+             .target_kv = &kvs[static_cast<size_t>(r)],
+             .target_hidden = hidden.data() + r * H});
+      }
+      for (int s = 0; s < 4; ++s) {
+        const Tensor logits = source.step(s, draft_rows);
+        const size_t at = all.size();
+        all.resize(at + static_cast<size_t>(logits.numel()));
+        be.download(logits, all.data() + at);
+      }
+      // The target takes one token per row.
+      for (int r = 0; r < n_rows; ++r) {
+        next[static_cast<size_t>(r)] = 3 + (round * 7 + r) % (vocab - 3);
+        rows[static_cast<size_t>(r)] = {.kv = &kvs[static_cast<size_t>(r)],
+                                        .tokens = std::span(&next[static_cast<size_t>(r)], 1)};
+      }
+      target->forward(rows);
+    }
+    return all;
+  };
+  for (int n_rows : {1, 2}) {
+    const std::vector<float> recorded = run(true, n_rows);
+    const std::vector<float> direct = run(false, n_rows);
+    ASSERT_EQ(recorded.size(), direct.size());
+    EXPECT_EQ(std::memcmp(recorded.data(), direct.data(), recorded.size() * sizeof(float)), 0)
+        << n_rows << " rows";
+  }
+  target->set_graphs_enabled(true);
+}
+
 // Rule 8 on the device: after warm-up, decode and verify steps (and draft
 // steps) make no device allocation.
 TEST(CudaSteadyState, DecodeVerifyAndDraftStepsDoNotAllocateDeviceMemory) {

@@ -36,6 +36,8 @@ inline constexpr int64_t kInvariantRows = 256;
 // Rows above which linear_prefill() uses cuBLASLt.
 inline constexpr int64_t kPrefillGemmRows = 16;
 
+bool profiling_enabled();
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device_index);
@@ -98,7 +100,8 @@ class CudaBackend final : public Backend {
   void moe_experts(const MoeExpertsParams& p) override;
 
   // ---- recorded steps (cuda_backend.cu): CUDA graphs captured on stream() ----
-  bool supports_graphs() const override { return true; }
+  // Not while SPECULA_CUDA_PROFILE=1 (it synchronises around every op).
+  bool supports_graphs() const override { return !profiling_enabled(); }
   void begin_capture() override;
   std::unique_ptr<StepGraph> end_capture() override;
   // False when the graph is stale (see scratch_generation); throws for a graph

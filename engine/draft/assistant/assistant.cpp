@@ -438,35 +438,39 @@ DraftStepOutputs AssistantDrafter::step(const DraftStepInputs& in, DonorAttentio
   be.transpose01(s.stacked, s.x_in.reshape({B, 2, Hb}));
   be.linear(s.x_in, weights_.pre_projection, s.x);
 
+  // Fused forms of the same ops (each equals its composition bit for bit): the
+  // last residual update of a layer also takes the next layer's input norm, or
+  // the final norm after the last layer.
+  be.rms_norm(s.x, weights_.layers.front().input_layernorm, eps, s.xn);
   for (int l = 0; l < t.num_hidden_layers; ++l) {
     const gemma4::LayerSpec& spec = t.layers[static_cast<size_t>(l)];
     const AssistantLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
     const bool sliding = spec.type == gemma4::LayerType::kSliding;
     const int64_t D = spec.head_dim, I = spec.intermediate_size;
-    be.rms_norm(s.x, w.input_layernorm, eps, s.xn);
     Tensor q(s.q.data(), DType::kF32, {B, Nh * D}, s.q.device());
     be.linear(s.xn, w.q_proj, q);
-    be.rms_norm(q.reshape({B * Nh, D}), w.q_norm, eps, q.reshape({B * Nh, D}));
-    be.rope(q.reshape({B, Nh, D}), in.positions, sliding ? inv_freq_sliding_ : inv_freq_full_);
+    be.attention_inputs({.q = q.reshape({B, Nh, D}),
+                         .q_norm = w.q_norm,
+                         .positions = in.positions,
+                         .inv_freq = sliding ? inv_freq_sliding_ : inv_freq_full_,
+                         .eps = eps});
     Tensor attn(s.attn.data(), DType::kF32, {B, Nh, D}, s.attn.device());
     // transformers' drafter mask keeps the newest sliding_window + 1 sliding entries
     // (an inclusive |q - k| <= W overlay) and every full-attention entry.
     donors.attend(spec.type, q.reshape({B, Nh, D}), sliding ? t.sliding_window + 1 : 0, 1.0f, attn);
     be.linear(attn.reshape({B, Nh * D}), w.o_proj, s.o);
-    be.rms_norm(s.o, w.post_attention_layernorm, eps, s.o);
-    be.add(s.x, s.o, s.x);
+    be.rms_norm_add_norm(s.o, w.post_attention_layernorm, eps, s.x, 1.0f,
+                         w.pre_feedforward_layernorm, s.xn);
     Tensor gate(s.gate.data(), DType::kF32, {B, I}, s.gate.device());
     Tensor up(s.up.data(), DType::kF32, {B, I}, s.up.device());
-    be.rms_norm(s.x, w.pre_feedforward_layernorm, eps, s.xn);
-    be.linear(s.xn, w.gate_proj, gate);
-    be.linear(s.xn, w.up_proj, up);
-    be.gelu_mul(gate, up, gate);
+    be.linear_gelu_mul(s.xn, w.gate_proj, w.up_proj, gate, up);
     be.linear(gate, w.down_proj, s.o);
-    be.rms_norm(s.o, w.post_feedforward_layernorm, eps, s.o);
-    be.add(s.x, s.o, s.x);
-    be.scale(s.x, layer_scalars_[static_cast<size_t>(l)], s.x);
+    const bool last = l + 1 == t.num_hidden_layers;
+    be.rms_norm_add_norm(
+        s.o, w.post_feedforward_layernorm, eps, s.x, layer_scalars_[static_cast<size_t>(l)],
+        last ? weights_.norm : weights_.layers[static_cast<size_t>(l) + 1].input_layernorm,
+        last ? s.h : s.xn);
   }
-  be.rms_norm(s.x, weights_.norm, eps, s.h);
   be.linear(s.h, weights_.post_projection, s.next_hidden);
   if (centroids) {
     centroid_logits(s.h, cs, s.logits);

@@ -108,6 +108,8 @@ class AssistantDrafter {
   // and stay valid until the next step. Steps allocate nothing unless B exceeds
   // every earlier step's (scratch grows, never shrinks).
   DraftStepOutputs step(const DraftStepInputs& in, DonorAttention& donors);
+  // Start of the step scratch (moves only when a step needs more than any before).
+  const void* arena_base() const { return arena_.base(); }
 
  private:
   AssistantDrafter() = default;

@@ -28,24 +28,30 @@ Tensor AssistantDraftSource::step(int step_index, std::span<const DraftRow> rows
   const int64_t B = static_cast<int64_t>(rows.size());
   const int64_t Hb = drafter_.config().backbone_hidden_size;
   SPECULA_CHECK(B > 0, "draft step {} has no rows", step_index);
-  const size_t ids_bytes = aligned(static_cast<size_t>(2 * B) * sizeof(int32_t));
+  const size_t ids_bytes = aligned(static_cast<size_t>(3 * B) * sizeof(int32_t));
   const size_t rows_bytes = aligned(static_cast<size_t>(B * Hb) * sizeof(float));
   if (B > input_rows_) {
     inputs_ = DeviceBuffer(be, ids_bytes + 2 * rows_bytes);
     input_rows_ = B;
   }
   char* base = static_cast<char*>(inputs_.data());
-  const Tensor ids_positions(base, DType::kI32, {2, B}, be.device());
+  // Rows: token ids, positions, and each row's newest target key (the donor
+  // attention's query position).
+  const Tensor ids_positions(base, DType::kI32, {3, B}, be.device());
   const Tensor embeds(base + ids_bytes, DType::kF32, {B, Hb}, be.device());
   const Tensor gathered(base + ids_bytes + rows_bytes, DType::kF32, {B, Hb}, be.device());
 
   // Ids and positions: staged on the host, one upload.
-  host_ids_.resize(static_cast<size_t>(2 * B));
+  host_ids_.resize(static_cast<size_t>(3 * B));
   kvs_.clear();
   for (int64_t b = 0; b < B; ++b) {
     const DraftRow& r = rows[static_cast<size_t>(b)];
+    SPECULA_CHECK(r.target_kv != nullptr && r.target_kv->length() > 0,
+                  "draft step {}: request {} needs a prefilled target cache", step_index,
+                  r.request);
     host_ids_[static_cast<size_t>(b)] = r.token;
     host_ids_[static_cast<size_t>(B + b)] = r.position;
+    host_ids_[static_cast<size_t>(2 * B + b)] = static_cast<int32_t>(r.target_kv->length() - 1);
     kvs_.push_back(r.target_kv);
   }
   be.upload(host_ids_.data(), ids_positions);
@@ -104,8 +110,61 @@ Tensor AssistantDraftSource::step(int step_index, std::span<const DraftRow> rows
     }
   }
 
+  // The device work from here on depends on the host only through pointers
+  // and shapes: with the dense head it is recorded the second time its shape
+  // is seen and replayed after (like the target's steps; the centroid head
+  // reads scores back, so it always runs directly).
+  const bool graph_ok =
+      be.supports_graphs() && target_.graphs_enabled() && !drafter_.centroid_head();
+  if (!graph_ok) return run_step(ids_positions, embeds, hidden, B);
+  std::vector<int64_t>& key = graph_key_;
+  key.clear();
+  key.push_back(B);
+  key.push_back(step_index == 0);
+  key.push_back(reinterpret_cast<intptr_t>(inputs_.data()));
+  key.push_back(reinterpret_cast<intptr_t>(chain_.data()));
+  key.push_back(static_cast<int64_t>(chain_requests_.size()));
+  key.push_back(reinterpret_cast<intptr_t>(drafter_.arena_base()));
+  key.push_back(reinterpret_cast<intptr_t>(hidden.data()));
+  for (int64_t b = 0; b < B; ++b) {
+    const SequenceKv& kv = *kvs_[static_cast<size_t>(b)];
+    key.push_back(slots_[static_cast<size_t>(b)]);
+    int64_t bound = 64;
+    while (bound < kv.length()) bound *= 2;
+    key.push_back(bound);
+    for (int donor : {target_.config().sliding_donor, target_.config().full_donor}) {
+      if (donor < 0) continue;
+      key.push_back(reinterpret_cast<intptr_t>(kv.is_ring(donor) ? kv.ring_storage_k(donor).data()
+                                                                 : kv.full_keys(donor, 0).data()));
+    }
+  }
+  if (graphs_.size() >= kMaxGraphs && graphs_.find(key) == graphs_.end()) graphs_.clear();
+  GraphEntry& e = graphs_[key];
+  ++e.seen;
+  if (e.graph != nullptr && be.replay(*e.graph)) return e.logits;
+  if (e.seen < 2 && e.graph == nullptr) return run_step(ids_positions, embeds, hidden, B);
+  e.graph.reset();
+  be.begin_capture();
+  try {
+    e.logits = run_step(ids_positions, embeds, hidden, B);
+  } catch (...) {
+    try {
+      be.end_capture();
+    } catch (...) {
+    }
+    throw;
+  }
+  e.graph = be.end_capture();
+  if (!be.replay(*e.graph)) fail("draft step: a graph went stale as soon as it was recorded");
+  return e.logits;
+}
+
+Tensor AssistantDraftSource::run_step(const Tensor& ids_positions, const Tensor& embeds,
+                                      const Tensor& hidden, int64_t B) {
+  Backend& be = backend_;
+  const int64_t Hb = drafter_.config().backbone_hidden_size;
   target_.embed_scaled(ids_positions.row(0), embeds);
-  donors_.bind(kvs_);
+  donors_.bind(kvs_, ids_positions.row(2));
   DraftStepOutputs out = drafter_.step(
       {.token_embeds = embeds, .hidden = hidden, .positions = ids_positions.row(1)}, donors_);
 

@@ -4,6 +4,7 @@
 // on the models' device.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -23,6 +24,10 @@ class AssistantDraftSource : public Drafter {
   Tensor step(int step_index, std::span<const DraftRow> rows) override;
 
  private:
+  // The device work of a step after its uploads (recordable with the dense head).
+  Tensor run_step(const Tensor& ids_positions, const Tensor& embeds, const Tensor& hidden,
+                  int64_t B);
+
   gemma4::Gemma4Model& target_;
   AssistantDrafter& drafter_;
   Backend& backend_;
@@ -33,13 +38,24 @@ class AssistantDraftSource : public Drafter {
   DeviceBuffer chain_;
   std::vector<int> chain_requests_;
   std::vector<int64_t> slots_;  // chain row of each row of the current step
-  // Per-step device inputs, grown to the largest step: i32 [2, B] (ids, then
-  // positions: one upload), f32 [B, Hb] token embeddings and gathered hidden.
+  // Per-step device inputs, grown to the largest step: i32 [3, B] (ids,
+  // positions, newest target keys: one upload), f32 [B, Hb] token embeddings
+  // and gathered hidden.
   DeviceBuffer inputs_;
   int64_t input_rows_ = 0;
-  std::vector<int32_t> host_ids_;   // [2, B] staging for the ids/positions upload
+  std::vector<int32_t> host_ids_;   // [3, B] staging for the ids/positions upload
   std::vector<float> host_hidden_;  // [B, Hb] step-0 target hiddens, staged for one upload
   std::vector<SequenceKv*> kvs_;
+  // Recorded steps by shape (rows, chain slots, positions bounds, caches and
+  // buffers), with the logits view each returns; cleared past kMaxGraphs.
+  struct GraphEntry {
+    int64_t seen = 0;
+    std::unique_ptr<StepGraph> graph;
+    Tensor logits;
+  };
+  static constexpr size_t kMaxGraphs = 64;
+  std::map<std::vector<int64_t>, GraphEntry> graphs_;
+  std::vector<int64_t> graph_key_;
 };
 
 }  // namespace specula::assistant
