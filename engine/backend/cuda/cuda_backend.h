@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // CudaBackend: every op of engine/ops/backend.h on one NVIDIA GPU (Hopper,
-// sm_90a), exact to the CPU reference within the tolerance table of
-// tests/cuda/README.md. Internal to engine/backend/cuda: the rest of the engine
+// sm_90a), exact to the CPU reference within the tolerances named in each
+// tests/cuda/*_test.cpp. Internal to engine/backend/cuda: the rest of the engine
 // reaches it through make_cuda_backend() and the Backend interface.
 //
 // Numerics: activations f32, weights f32|bf16|f16, f32 accumulation.
