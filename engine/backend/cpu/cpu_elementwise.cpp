@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "engine/backend/cpu/cpu_backend.h"
@@ -104,7 +105,9 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, cons
   if (x.rank() < 1) fail("rms_norm: x must have rank >= 1, got {}", x.describe());
   const int64_t d = x.dim(-1);
   if (d == 0 || x.numel() == 0) return;
-  std::vector<float> converted;
+  // bf16/f16 weights are widened into the backend's reusable scratch (no
+  // allocation per call: rms_norm runs several times per layer and step).
+  std::optional<cpu::ScratchPool::Lease> converted;
   const float* w = nullptr;
   if (!weight.empty()) {
     cpu::check_host(kOp, "weight", weight);
@@ -116,9 +119,9 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, cons
     if (weight.dtype() == DType::kF32) {
       w = weight.data_as<const float>();
     } else {
-      converted.resize(static_cast<size_t>(d));
-      cpu::to_f32(weight.data(), weight.dtype(), converted.data(), d);
-      w = converted.data();
+      converted.emplace(scratch_, static_cast<size_t>(d));
+      cpu::to_f32(weight.data(), weight.dtype(), converted->data(), d);
+      w = converted->data();
     }
   }
   const int64_t rows = x.numel() / d;
