@@ -31,7 +31,9 @@
 //   arithmetic). So each product has the bits linear() writes, and the fused
 //   gate the bits of linear, linear, gelu_mul. The invariant kernels are
 //   programmatic dependent launches (kUsePdl): before griddepcontrol.wait they
-//   only prefetch weights to L2, so the previous kernel's tail overlaps them.
+//   only touch weights (an L2 prefetch, or for single rows the first stages of
+//   the cp.async pipeline described at pipe_smem_bytes), so the previous
+//   kernel's tail overlaps them.
 //
 // - M > kInvariantRows (prefill): cuBLASLt on bf16 copies of the activations
 //   (and of the weights when they are not bf16), f32 accumulation
