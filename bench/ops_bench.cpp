@@ -15,6 +15,8 @@
 #include "engine/memory/memory_resource.h"
 #include "engine/model/gemma4/presets.h"
 
+#include <nlohmann/json.hpp>
+
 namespace {
 
 using namespace specula;
@@ -70,9 +72,16 @@ int main(int argc, char** argv) {
       const char* name;
       int64_t n, k;
     };
-    const std::vector<Product> products = {{"q_proj", Nh * D, H}, {"k_proj", KV * D, H},
-                                           {"o_proj", H, Nh * D}, {"gate_proj", I, H},
-                                           {"down_proj", H, I},   {"lm_head", c.vocab_size, H}};
+    // The assistant drafter's products (released shape for this preset): its
+    // hidden size Ha, intermediate Ia, and the tied head over Ha.
+    const nlohmann::json draft = gemma4::gemma4_assistant_preset_json(preset);
+    const int64_t Ha = draft["text_config"]["hidden_size"].get<int64_t>();
+    const int64_t Ia = draft["text_config"]["intermediate_size"].get<int64_t>();
+    const std::vector<Product> products = {
+        {"q_proj", Nh * D, H}, {"k_proj", KV * D, H},    {"o_proj", H, Nh * D},
+        {"gate_proj", I, H},   {"down_proj", H, I},      {"lm_head", c.vocab_size, H},
+        {"d_pre", Ha, 2 * H},  {"d_q_proj", Nh * D, Ha}, {"d_o_proj", Ha, Nh * D},
+        {"d_gate", Ia, Ha},    {"d_down", Ha, Ia},       {"d_head", c.vocab_size, Ha}};
     fmt::print("preset {} on {}: H {} heads {}/{} D {} I {} V {}\n", preset, be.name(), H, Nh, KV,
                D, I, c.vocab_size);
     fmt::print("{:<10} {:>5} {:>10} {:>10}\n", "op", "rows", "us/call", "GB/s(w)");
@@ -88,6 +97,19 @@ int main(int argc, char** argv) {
         buf.owned.pop_back();
         buf.owned.pop_back();
       }
+      buf.owned.pop_back();
+    }
+    // Row-wise ops over the vocabulary (the decoder's device argmax, soft-cap).
+    for (int m : rows) {
+      Tensor logits = buf.make(DType::kF32, {m, c.vocab_size}, 10);
+      Tensor ids = buf.make(DType::kI32, {m}, 0);
+      const double tm = time_per_call(
+          be, [&] { be.argmax_rows(logits, ids); }, reps);
+      fmt::print("{:<10} {:>5} {:>10.1f}\n", "argmax", m, tm * 1e6);
+      const double ts = time_per_call(
+          be, [&] { be.softcap(logits, 30.0f, logits); }, reps);
+      fmt::print("{:<10} {:>5} {:>10.1f}\n", "softcap", m, ts * 1e6);
+      buf.owned.pop_back();
       buf.owned.pop_back();
     }
     // Attention of `m` queries over `context` keys (sliding layer geometry).

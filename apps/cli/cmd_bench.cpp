@@ -405,7 +405,7 @@ struct MicroRunner {
       std::vector<gemma4::ForwardRow> rows;
       for (size_t i = begin; i < std::min(seqs.size(), begin + per_forward); ++i)
         rows.push_back({.kv = &seqs[i], .tokens = ids[i], .all_logits = false});
-      model.forward(rows, {.compute_logits = false});
+      model.forward(rows, {.compute_logits = false, .prefill = true});
     }
     be.synchronize();
   }
@@ -552,7 +552,10 @@ struct MicroRunner {
     auto prefill_once = [&] {
       SequenceKv kv = sequence(n + 1);
       const gemma4::ForwardRow row{.kv = &kv, .tokens = prompt, .all_logits = false};
-      return timed(be, [&] { model.forward(std::span<const gemma4::ForwardRow>(&row, 1)); });
+      // As the decoder prefills a prompt (ForwardOptions::prefill).
+      return timed(be, [&] {
+        model.forward(std::span<const gemma4::ForwardRow>(&row, 1), {.prefill = true});
+      });
     };
     prefill_once();  // warm-up
     std::vector<double> times;

@@ -347,6 +347,33 @@ TEST(CudaElementwise, ArgmaxTiesAndNan) {
   for (int i = 0; i < 7; ++i) EXPECT_EQ(got.data<int32_t>()[i], want[i]) << "row " << i;
 }
 
+// Long rows are reduced in slices by separate blocks, then merged: ties and
+// NaNs that sit in different slices keep the CPU's answer.
+TEST(CudaElementwise, ArgmaxTiesAndNanAcrossSlices) {
+  SKIP_WITHOUT_CUDA();
+  constexpr int64_t kN = 86016;  // 21 slices of 4,096
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  Twin x(DType::kF32, {4, kN});
+  float* h = x.host.data<float>();
+  for (int64_t i = 0; i < 4 * kN; ++i) h[i] = static_cast<float>(i % 29) * 0.01f;
+  h[0 * kN + 70000] = 5.0f;  // row 0: ties in slices 17 and 1 -> 5000
+  h[0 * kN + 5000] = 5.0f;
+  h[1 * kN + 100] = 9.0f;  // row 1: NaNs in slices 19 and 2 beat the 9 -> 9000
+  h[1 * kN + 80000] = nan;
+  h[1 * kN + 9000] = nan;
+  h[2 * kN + kN - 1] = 7.0f;                              // row 2: the last element
+  for (int64_t j = 0; j < kN; ++j) h[3 * kN + j] = -inf;  // row 3: all -inf -> 0
+  x.push();
+  Twin out(DType::kI32, {4});
+  cpu_be().argmax_rows(x.host, out.host);
+  gpu_be().argmax_rows(x.dev, out.dev);
+  const HostTensor got = out.pull();
+  expect_equal_i32(got, out.host, "argmax across slices vs cpu");
+  const int32_t want[] = {5000, 9000, static_cast<int32_t>(kN - 1), 0};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(got.data<int32_t>()[i], want[i]) << "row " << i;
+}
+
 TEST(CudaElementwise, ArgmaxRejectsBadShapes) {
   SKIP_WITHOUT_CUDA();
   Twin x(DType::kF32, {3, 5});

@@ -46,8 +46,8 @@ CudaBackend::~CudaBackend() {
   cudaSetDevice(device_index_);
   if (profiling_enabled()) print_profile();
   if (stream_) cudaStreamSynchronize(stream_);
-  for (Scratch* s :
-       {&lt_workspace_, &x_bf16_, &w_bf16_, &attn_partials_, &moe_scratch_, &attn_scores_}) {
+  for (Scratch* s : {&lt_workspace_, &x_bf16_, &w_bf16_, &attn_partials_, &moe_scratch_,
+                     &attn_scores_, &argmax_partials_}) {
     if (s->data) cudaFree(s->data);
   }
   if (lt_) cublasLtDestroy(lt_);

@@ -128,12 +128,13 @@ class CudaBackend final : public Backend {
 
   // Members the op files share.
   cublasLtHandle_t lt_handle() const { return lt_; }
-  Scratch lt_workspace_;   // cuBLASLt workspace
-  Scratch x_bf16_;         // bf16 copy of linear() activations for cuBLASLt
-  Scratch w_bf16_;         // bf16 copy of non-bf16 weights for cuBLASLt (rare: f32 goldens)
-  Scratch attn_partials_;  // split-sequence attention partial results
-  Scratch moe_scratch_;    // grouped-expert bookkeeping
-  Scratch attn_scores_;    // prefill attention scores [heads, query tile, keys]
+  Scratch lt_workspace_;     // cuBLASLt workspace
+  Scratch x_bf16_;           // bf16 copy of linear() activations for cuBLASLt
+  Scratch w_bf16_;           // bf16 copy of non-bf16 weights for cuBLASLt (rare: f32 goldens)
+  Scratch attn_partials_;    // split-sequence attention partial results
+  Scratch moe_scratch_;      // grouped-expert bookkeeping
+  Scratch attn_scores_;      // prefill attention scores [heads, query tile, keys]
+  Scratch argmax_partials_;  // per-slice partials of argmax_rows
   int64_t reserved_keys_ = 0;
 
  private:

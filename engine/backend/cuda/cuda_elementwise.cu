@@ -12,6 +12,7 @@
 // row length alone), so a row's result never depends on how many rows a call has.
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -257,51 +258,74 @@ __device__ __forceinline__ ArgBest better(ArgBest a, ArgBest b) {
   return a;
 }
 
-// One block per row. The CPU scans left to right, stops at the first NaN and
-// otherwise keeps the first strict maximum; equivalently: the first NaN if the
-// row has one, else the lowest index holding the maximum.
+// The CPU scans left to right, stops at the first NaN and otherwise keeps the
+// first strict maximum; equivalently: the first NaN if the row has one, else
+// the lowest index holding the maximum. That answer does not depend on how the
+// row is split, so a row is cut into `parts` slices reduced by separate blocks
+// (a 262,144-wide vocabulary row in one block took ~190 us, latency bound), and
+// a second kernel merges the slices' partials.
+struct ArgPartial {
+  float value;
+  int64_t idx;
+  int64_t first_nan;
+};
+
+// Grid (parts, rows): block (p, r) reduces slice p of row r to partials[r·parts + p].
 __global__ void __launch_bounds__(kThreads)
-    argmax_rows_kernel(const float* x, int32_t* out, int64_t rows, int64_t n) {
-  __shared__ float part_value[kThreads / 32];
-  __shared__ int64_t part_idx[kThreads / 32];
-  __shared__ int64_t part_nan[kThreads / 32];
+    argmax_slices_kernel(const float* x, ArgPartial* partials, int64_t n, int parts,
+                         int64_t slice) {
+  __shared__ ArgPartial part[kThreads / 32];
   const int warp = threadIdx.x / 32;
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-    const float* row = x + r * n;
-    ArgBest best{-std::numeric_limits<float>::infinity(), n};
-    int64_t first_nan = n;
-    for (int64_t j = threadIdx.x; j < n; j += kThreads) {
-      const float v = row[j];
-      if (isnan(v)) {
-        if (j < first_nan) first_nan = j;
-      } else {
-        best = better(best, ArgBest{v, j});
-      }
+  const int64_t r = blockIdx.y;
+  const float* row = x + r * n;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * slice;
+  const int64_t end = min(n, begin + slice);
+  ArgBest best{-std::numeric_limits<float>::infinity(), n};
+  int64_t first_nan = n;
+  for (int64_t j = begin + threadIdx.x; j < end; j += kThreads) {
+    const float v = row[j];
+    if (isnan(v)) {
+      if (j < first_nan) first_nan = j;
+    } else {
+      best = better(best, ArgBest{v, j});
     }
-    for (int m = 16; m > 0; m >>= 1) {
-      const ArgBest other{__shfl_xor_sync(0xffffffffu, best.value, m),
-                          __shfl_xor_sync(0xffffffffu, best.idx, m)};
-      best = better(best, other);
-      const int64_t other_nan = __shfl_xor_sync(0xffffffffu, first_nan, m);
-      if (other_nan < first_nan) first_nan = other_nan;
-    }
-    if (threadIdx.x % 32 == 0) {
-      part_value[warp] = best.value;
-      part_idx[warp] = best.idx;
-      part_nan[warp] = first_nan;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      ArgBest total{part_value[0], part_idx[0]};
-      int64_t nan_idx = part_nan[0];
-      for (int w = 1; w < kThreads / 32; ++w) {
-        total = better(total, ArgBest{part_value[w], part_idx[w]});
-        if (part_nan[w] < nan_idx) nan_idx = part_nan[w];
-      }
-      out[r] = static_cast<int32_t>(nan_idx < n ? nan_idx : total.idx);
-    }
-    __syncthreads();
   }
+  for (int m = 16; m > 0; m >>= 1) {
+    const ArgBest other{__shfl_xor_sync(0xffffffffu, best.value, m),
+                        __shfl_xor_sync(0xffffffffu, best.idx, m)};
+    best = better(best, other);
+    const int64_t other_nan = __shfl_xor_sync(0xffffffffu, first_nan, m);
+    if (other_nan < first_nan) first_nan = other_nan;
+  }
+  if (threadIdx.x % 32 == 0) part[warp] = ArgPartial{best.value, best.idx, first_nan};
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    ArgPartial total = part[0];
+    for (int w = 1; w < kThreads / 32; ++w) {
+      const ArgBest b =
+          better(ArgBest{total.value, total.idx}, ArgBest{part[w].value, part[w].idx});
+      total.value = b.value;
+      total.idx = b.idx;
+      if (part[w].first_nan < total.first_nan) total.first_nan = part[w].first_nan;
+    }
+    partials[r * parts + blockIdx.x] = total;
+  }
+}
+
+// One thread per row: merges the row's `parts` partials (order does not matter
+// for the answer; they are taken in slice order).
+__global__ void argmax_merge_kernel(const ArgPartial* partials, int32_t* out, int64_t rows,
+                                    int64_t n, int parts) {
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  const ArgPartial* p = partials + r * parts;
+  ArgBest total{p[0].value, p[0].idx};
+  int64_t nan_idx = p[0].first_nan;
+  for (int i = 1; i < parts; ++i) {
+    total = better(total, ArgBest{p[i].value, p[i].idx});
+    if (p[i].first_nan < nan_idx) nan_idx = p[i].first_nan;
+  }
+  out[r] = static_cast<int32_t>(nan_idx < n ? nan_idx : total.idx);
 }
 
 // ---- softmax_rows ----
@@ -551,9 +575,22 @@ void CudaBackend::argmax_rows(const Tensor& x, const Tensor& out) {
     fail("argmax_rows: x {} rows are too long for i32 indices", x.describe());
   }
   check_no_alias(kOp, "out", out, "x", x);
-  argmax_rows_kernel<<<grid_for(m, 1), kThreads, 0, stream()>>>(x.data_as<const float>(),
-                                                                out.data_as<int32_t>(), m, n);
-  check_cuda(cudaGetLastError(), "argmax_rows_kernel");
+  // Slices of at least 4,096 elements (16 per thread), at most 64 per row.
+  constexpr int64_t kMinSlice = 4096;
+  constexpr int64_t kMaxParts = 64;
+  const int64_t parts = std::clamp<int64_t>((n + kMinSlice - 1) / kMinSlice, 1, kMaxParts);
+  const int64_t slice = (n + parts - 1) / parts;
+  if (m > 65535)
+    fail("argmax_rows: x {} has more rows than the CUDA kernel supports", x.describe());
+  auto* partials = static_cast<ArgPartial*>(
+      scratch(argmax_partials_, static_cast<size_t>(m * parts) * sizeof(ArgPartial)));
+  argmax_slices_kernel<<<dim3(static_cast<unsigned>(parts), static_cast<unsigned>(m)), kThreads, 0,
+                         stream()>>>(x.data_as<const float>(), partials, n, static_cast<int>(parts),
+                                     slice);
+  check_cuda(cudaGetLastError(), "argmax_slices_kernel");
+  argmax_merge_kernel<<<grid_for(m, 128), 128, 0, stream()>>>(partials, out.data_as<int32_t>(), m,
+                                                              n, static_cast<int>(parts));
+  check_cuda(cudaGetLastError(), "argmax_merge_kernel");
 }
 
 // Row-wise softmax over the last dimension in f32; out may alias x. One
