@@ -68,9 +68,7 @@ void TargetCacheDonors::attend(gemma4::LayerType type, const Tensor& q, int rece
     p.ring_keys = ring_keys;
     p.causal = true;
     p.window = recent;
-    int64_t bound = 64;
-    while (bound < length) bound *= 2;
-    p.positions_bound = bound;
+    p.positions_bound = positions_bound_for(length);
     p.scale = scale;
     backend_.attention(p);
   }

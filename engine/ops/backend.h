@@ -54,6 +54,15 @@ struct AttentionParams {
   int64_t positions_bound = 0;
 };
 
+// The positions_bound bucket of keys up to position end - 1: the smallest power
+// of two from 64 up that is at least `end`. Callers that key recorded steps on
+// it must all use this one rule.
+inline int64_t positions_bound_for(int64_t end) {
+  int64_t bound = 64;
+  while (bound < end) bound *= 2;
+  return bound;
+}
+
 // Inputs of one attention layer for M new tokens (gemma4-architecture.md §4.2),
 // finished in place:
 //   q = rope(rms_norm(q) · q_norm)

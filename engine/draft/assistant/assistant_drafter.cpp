@@ -129,34 +129,14 @@ Tensor AssistantDraftSource::step(int step_index, std::span<const DraftRow> rows
   for (int64_t b = 0; b < B; ++b) {
     const SequenceKv& kv = *kvs_[static_cast<size_t>(b)];
     key.push_back(slots_[static_cast<size_t>(b)]);
-    int64_t bound = 64;
-    while (bound < kv.length()) bound *= 2;
-    key.push_back(bound);
+    key.push_back(positions_bound_for(kv.length()));  // as TargetCacheDonors::attend
     for (int donor : {target_.config().sliding_donor, target_.config().full_donor}) {
       if (donor < 0) continue;
       key.push_back(reinterpret_cast<intptr_t>(kv.is_ring(donor) ? kv.ring_storage_k(donor).data()
                                                                  : kv.full_keys(donor, 0).data()));
     }
   }
-  if (graphs_.size() >= kMaxGraphs && graphs_.find(key) == graphs_.end()) graphs_.clear();
-  GraphEntry& e = graphs_[key];
-  ++e.seen;
-  if (e.graph != nullptr && be.replay(*e.graph)) return e.logits;
-  if (e.seen < 2 && e.graph == nullptr) return run_step(ids_positions, embeds, hidden, B);
-  e.graph.reset();
-  be.begin_capture();
-  try {
-    e.logits = run_step(ids_positions, embeds, hidden, B);
-  } catch (...) {
-    try {
-      be.end_capture();
-    } catch (...) {
-    }
-    throw;
-  }
-  e.graph = be.end_capture();
-  if (!be.replay(*e.graph)) fail("draft step: a graph went stale as soon as it was recorded");
-  return e.logits;
+  return graphs_.run(be, key, [&] { return run_step(ids_positions, embeds, hidden, B); });
 }
 
 Tensor AssistantDraftSource::run_step(const Tensor& ids_positions, const Tensor& embeds,

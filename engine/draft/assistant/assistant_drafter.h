@@ -4,7 +4,6 @@
 // on the models' device.
 #pragma once
 
-#include <map>
 #include <memory>
 #include <vector>
 
@@ -12,6 +11,7 @@
 #include "engine/draft/drafter.h"
 #include "engine/memory/memory_resource.h"
 #include "engine/model/gemma4/gemma4.h"
+#include "engine/ops/step_graphs.h"
 
 namespace specula::assistant {
 
@@ -47,14 +47,8 @@ class AssistantDraftSource : public Drafter {
   std::vector<float> host_hidden_;  // [B, Hb] step-0 target hiddens, staged for one upload
   std::vector<SequenceKv*> kvs_;
   // Recorded steps by shape (rows, chain slots, positions bounds, caches and
-  // buffers), with the logits view each returns; cleared past kMaxGraphs.
-  struct GraphEntry {
-    int64_t seen = 0;
-    std::unique_ptr<StepGraph> graph;
-    Tensor logits;
-  };
-  static constexpr size_t kMaxGraphs = 64;
-  std::map<std::vector<int64_t>, GraphEntry> graphs_;
+  // buffers), each returning its logits view.
+  StepGraphCache graphs_;
   std::vector<int64_t> graph_key_;
 };
 

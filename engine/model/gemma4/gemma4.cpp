@@ -290,12 +290,7 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
     // writing n rows it still holds the window of the oldest query when
     // n <= max_rollback + 1.
     p.gather = p.n > kv_spec_.max_rollback + 1;
-    p.positions_bound = 0;
-    if (!p.gather) {
-      int64_t bound = 64;
-      while (bound < p.pos0 + p.n) bound *= 2;
-      p.positions_bound = bound;
-    }
+    p.positions_bound = p.gather ? 0 : positions_bound_for(p.pos0 + p.n);
     begin += rows[r].tokens.size();
   }
 
@@ -418,29 +413,10 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
       key.push_back(p.positions_bound);
       for (const Tensor& t : p.store_k) key.push_back(reinterpret_cast<intptr_t>(t.data()));
     }
-    if (graphs_.size() >= kMaxGraphs && graphs_.find(key) == graphs_.end()) graphs_.clear();
-    GraphEntry& e = graphs_[key];
-    ++e.seen;
-    if (e.graph != nullptr && be.replay(*e.graph)) {
-      ++graph_replays_;
-    } else if (e.seen < 2 && e.graph == nullptr) {
+    graphs_.run(be, key, [&] {
       run_step(rows, options);
-    } else {
-      e.graph.reset();
-      be.begin_capture();
-      try {
-        run_step(rows, options);
-      } catch (...) {
-        try {
-          be.end_capture();
-        } catch (...) {
-        }
-        throw;
-      }
-      e.graph = be.end_capture();
-      if (!be.replay(*e.graph)) fail("forward: a graph went stale as soon as it was recorded");
-      ++graph_replays_;
-    }
+      return Tensor();
+    });
   }
 
   if (options.capture_layer_hidden) {

@@ -9,7 +9,6 @@
 #pragma once
 
 #include <initializer_list>
-#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -22,6 +21,7 @@
 #include "engine/memory/arena.h"
 #include "engine/model/gemma4/config.h"
 #include "engine/model/gemma4/weights.h"
+#include "engine/ops/step_graphs.h"
 
 namespace specula::gemma4 {
 
@@ -116,7 +116,7 @@ class Gemma4Model {
   void set_graphs_enabled(bool on);
   bool graphs_enabled() const { return graphs_enabled_; }
   // Forwards that ran as a replayed graph so far (for tests and benchmarks).
-  int64_t graph_replays() const { return graph_replays_; }
+  int64_t graph_replays() const { return graphs_.replays(); }
 
  private:
   Gemma4Model() = default;
@@ -124,11 +124,6 @@ class Gemma4Model {
   // cache spec and the backend's scratch.
   void init_after_weights(const LoadOptions& options);
   struct RowPlan;
-  // A recorded forward (Backend::begin_capture) and how often its key was seen.
-  struct GraphEntry {
-    int64_t seen = 0;
-    std::unique_ptr<StepGraph> graph;
-  };
   // The device work of a forward after its inputs are uploaded (recordable for
   // decode steps and verify windows).
   void run_step(std::span<const ForwardRow> rows, const ForwardOptions& options);
@@ -164,13 +159,10 @@ class Gemma4Model {
   std::unique_ptr<Scratch> scratch_;
   std::vector<RowPlan> plans_;        // reused across forwards
   std::vector<int32_t> host_inputs_;  // ids then positions, staged for the upload; reused
-  // Recorded steps by shape (rows, their lengths, positions bounds, caches,
-  // arena); cleared when more than kMaxGraphs shapes accumulate.
-  static constexpr size_t kMaxGraphs = 64;
-  std::map<std::vector<int64_t>, GraphEntry> graphs_;
+  // Recorded steps by shape (rows, their lengths, positions bounds, caches, arena).
+  StepGraphCache graphs_;
   std::vector<int64_t> graph_key_;
   bool graphs_enabled_ = true;
-  int64_t graph_replays_ = 0;
 };
 
 // Builds the inverse frequencies of one layer type (gemma4-architecture.md §2.4):
