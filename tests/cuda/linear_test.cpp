@@ -165,8 +165,10 @@ TEST_P(CudaLinearInvariance, RowBitsDoNotDependOnTheBatch) {
 
   // (rows in the call, offset of the row): 1 = decode, 5 = a verify window,
   // 72 and 256 = batched rows (8-row groups, the row in various group slots).
-  const std::pair<int64_t, int64_t> calls[] = {{1, 0},   {5, 3},  {2, 1},     {8, 7},    {9, 8},
-                                               {72, 69}, {72, 0}, {256, 200}, {256, 255}};
+  // 16 and 33: the row in the second and fifth 8-row tile of a bf16 pass.
+  const std::pair<int64_t, int64_t> calls[] = {{1, 0},  {5, 3},     {2, 1},    {8, 7},
+                                               {9, 8},  {16, 13},   {33, 32},  {72, 69},
+                                               {72, 0}, {256, 200}, {256, 255}};
   std::vector<float> reference;
   for (const auto& [m, offset] : calls) {
     Twin x(DType::kF32, {m, k});
@@ -199,6 +201,101 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(dtype_name(std::get<0>(info.param))) + "_K" +
              std::to_string(std::get<1>(info.param));
     });
+
+// ---------------------------------------------------------------------------
+// bf16 weights run on the tensor cores with x split into three bf16 terms
+// (cuda_linear_mma.h): no bit of an f32 activation may be lost, and infinities
+// and NaN must come out as the CPU's f32 products give them.
+
+// w = identity rows, so y[m, n] = x[m, n] · 1 exactly: any activation bit the
+// split dropped would show. Values use all 24 significand bits, over many
+// magnitudes and both signs; K = 40 gives a tail step and 3 rows a partial tile.
+TEST(CudaLinearTensorCore, KeepsEveryBitOfF32Activations) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t m = 3, n = 40, k = 40;
+  Twin w(DType::kBF16, {n, k});
+  auto* wv = w.host.data<uint16_t>();
+  for (int64_t i = 0; i < n * k; ++i) wv[i] = f32_to_bf16((i / k == i % k) ? 1.0f : 0.0f);
+  w.push();
+  Twin x(DType::kF32, {m, k});
+  float* xv = x.host.data<float>();
+  for (int64_t i = 0; i < m * k; ++i) {
+    // 1.xxx with the low significand bits set, scaled by 2^(i mod 61 - 30).
+    const float significand = 1.0f + static_cast<float>((i * 2654435761u) % 8388608u) / 8388608.0f;
+    const float v = std::ldexp(significand, static_cast<int>(i % 61) - 30);
+    xv[i] = (i % 3 == 1) ? -v : v;
+  }
+  x.push();
+  Twin y = poisoned_output({m, n});
+  gpu_be().linear(x.dev, w.dev, y.dev);
+  const HostTensor got = y.pull();
+  for (int64_t i = 0; i < m * n; ++i) {
+    ASSERT_EQ(got.data<float>()[i], xv[i]) << "element " << i << " of x · I";
+  }
+}
+
+// One infinite or NaN activation makes its whole output row ±inf or NaN, as in
+// f32 (the split must not turn inf into NaN through inf - inf).
+TEST(CudaLinearTensorCore, NonFiniteActivationsMatchTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t m = 4, n = 24, k = 64;
+  Twin w(DType::kBF16, {n, k});
+  w.randomize(61, 0.25f, 0.75f);  // positive, so the sign of an infinity survives
+  Twin x(DType::kF32, {m, k});
+  x.randomize(62);
+  float* xv = x.host.data<float>();
+  xv[0 * k + 5] = std::numeric_limits<float>::infinity();
+  xv[1 * k + 33] = -std::numeric_limits<float>::infinity();
+  xv[2 * k + 63] = std::numeric_limits<float>::quiet_NaN();
+  x.push();
+  HostTensor want(DType::kF32, {m, n});
+  cpu_be().linear(x.host, w.host, want);
+  Twin y = poisoned_output({m, n});
+  gpu_be().linear(x.dev, w.dev, y.dev);
+  const HostTensor got = y.pull();
+  for (int64_t i = 0; i < m * n; ++i) {
+    const float g = got.data<float>()[i];
+    const float c = want.data<float>()[i];
+    if (std::isnan(c) || std::isinf(c)) {
+      EXPECT_EQ(std::isnan(g), std::isnan(c)) << "element " << i << ": got " << g << " want " << c;
+      if (std::isinf(c)) EXPECT_EQ(g, c) << "element " << i;
+    } else {
+      EXPECT_NEAR(g, c, 1e-4f * std::fabs(c) + 1e-5f) << "element " << i;
+    }
+  }
+}
+
+// The split activations live in backend scratch that the previous product
+// filled: a K tail must read zeros of its own row, never what an earlier,
+// larger product left there (here NaN).
+TEST(CudaLinearTensorCore, KTailsNeverReadAnEarlierProductsScratch) {
+  SKIP_WITHOUT_CUDA();
+  {
+    const int64_t m = 32, k = 4128;
+    Twin x(DType::kF32, {m, k});
+    float* xv = x.host.data<float>();
+    for (int64_t i = 0; i < m * k; ++i) xv[i] = std::numeric_limits<float>::quiet_NaN();
+    x.push();
+    Twin w(DType::kBF16, {8, k});
+    w.randomize(71);
+    Twin y = poisoned_output({m, 8});
+    gpu_be().linear(x.dev, w.dev, y.dev);
+    y.pull();
+  }
+  for (int64_t k : {4100, 4104, 4120}) {  // misaligned rows; aligned rows with a partial step
+    const int64_t m = 17, n = 33;
+    Twin x(DType::kF32, {m, k});
+    x.randomize(72);
+    Twin w(DType::kBF16, {n, k});
+    w.randomize(73, -0.5f, 0.5f);
+    HostTensor want(DType::kF32, {m, n});
+    cpu_be().linear(x.host, w.host, want);
+    Twin y = poisoned_output({m, n});
+    gpu_be().linear(x.dev, w.dev, y.dev);
+    expect_close(y.pull(), want, kInvariantTol,
+                 ("linear after NaN scratch, K=" + std::to_string(k)).c_str());
+  }
+}
 
 // The cuBLASLt path is deterministic for a given shape and, once warm, allocates nothing.
 TEST(CudaLinearPrefill, DeterministicAndAllocationFree) {

@@ -11,6 +11,7 @@
 
 #include "engine/backend/backends.h"
 #include "engine/backend/cuda/cuda_backend.h"
+#include "engine/backend/cuda/cuda_linear_mma.h"
 
 namespace specula {
 namespace cuda {
@@ -98,6 +99,8 @@ void* CudaBackend::scratch(Scratch& s, size_t bytes) {
 void CudaBackend::reserve_scratch(int64_t max_keys, int64_t max_width) {
   reserved_keys_ = std::max(reserved_keys_, max_keys);
   scratch(lt_workspace_, size_t{32} << 20);
+  // Every product of up to kInvariantRows rows with bf16 weights splits x.
+  if (max_width > 0) scratch(x_split_, mma_split_bytes(kInvariantRows, max_width));
 }
 
 void CudaBackend::upload(const void* host, const Tensor& dst) {

@@ -135,6 +135,7 @@ class CudaBackend final : public Backend {
   Scratch moe_scratch_;      // grouped-expert bookkeeping
   Scratch attn_scores_;      // prefill attention scores [heads, query tile, keys]
   Scratch argmax_partials_;  // per-slice partials of argmax_rows
+  Scratch x_split_;          // activations split into bf16 terms for the tensor-core products
   int64_t reserved_keys_ = 0;
 
  private:

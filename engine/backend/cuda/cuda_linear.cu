@@ -1,9 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // Products on the GPU: linear(), linear_multi(), linear_gelu_mul() and embedding().
 //
-// linear, y[M, N] = x[M, K] · w[N, K]ᵀ (x, y f32; w f32|bf16|f16), has two paths:
+// linear, y[M, N] = x[M, K] · w[N, K]ᵀ (x, y f32; w f32|bf16|f16), has three paths:
 //
-// - M <= kInvariantRows: invariant_linear_kernel, batch-invariant. y[m, n] is
+// - bf16 weights, M <= kInvariantRows: the tensor-core kernels of
+//   cuda_linear_mma.cu (numerics in cuda_linear_mma.h), batch-invariant like
+//   the path below, with their own (equally fixed) reduction order. These are
+//   the model's products: decode, verify windows and batched rows.
+//
+// - f32|f16 weights, M <= kInvariantRows: invariant_linear_kernel, batch-invariant. y[m, n] is
 //   bit-identical whatever M is and whichever other rows share the call, which
 //   is what makes speculation exact (decode computes 1 row, verify k + 1,
 //   batched rows many more). The reduction order for one (m, n) is fixed by the
@@ -55,6 +60,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -70,6 +76,8 @@
 
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/backend/cuda/cuda_device_common.cuh"
+#include "engine/backend/cuda/cuda_launch.cuh"
+#include "engine/backend/cuda/cuda_linear_mma.h"
 
 namespace specula::cuda {
 namespace {
@@ -119,16 +127,6 @@ template <typename T>
 struct Chunk {
   uint4 v[sizeof(T) / 2];
 };
-
-// One 16-byte streaming load: the weights are read once, so they are kept out
-// of L1 (which then holds the activations every warp re-reads).
-__device__ __forceinline__ uint4 load_stream16(const void* p) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
-  return r;
-}
 
 // The first `count` (<= 8) elements at p as a Chunk, one element per load
 // (no alignment needed); missing elements are zero bits.
@@ -264,35 +262,7 @@ constexpr int unroll_for() {
   return G <= 5 ? 4 : 2;
 }
 
-// ---- programmatic dependent launch (PDL) ----
-// The invariant kernels are launched with programmatic stream serialization:
-// one may start while the kernel before it on the stream is still running,
-// prefetch the head of its weight rows to L2 (only a hint into the coherent
-// L2, so safe even for weights written just before), and only then wait
-// (griddepcontrol.wait) for that kernel to finish and its writes to be
-// visible, before reading x or w or writing y. Each also lets the kernel after
-// it start early (launch_dependents, at the top): a dependent that follows the
-// same rule touches nothing of ours before we have finished; a kernel launched
-// without the attribute waits for us as usual. Off: plain stream order. The
-// numerics are the same either way.
-constexpr bool kUsePdl = true;
-
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (kUsePdl) asm volatile("griddepcontrol.launch_dependents;");
-#endif
-}
-
-// Waits for the kernel this one depends on (a no-op without the attribute).
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if constexpr (kUsePdl) asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
+// Programmatic dependent launch: see cuda_launch.cuh.
 
 // Before waiting on the previous kernel a warp prefetches the first 32 lines
 // of 128 bytes (4 KiB: two unrolled steps of a bf16 decode row) of each of its
@@ -320,19 +290,7 @@ constexpr size_t pipe_smem_bytes() {
   return size_t{S} * kThreads * kCols * sizeof(uint4);
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const auto dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(gmem)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory");
-}
-// Waits until at most N of this thread's newest copy groups are pending.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
+// cp_async16, cp_async_commit, cp_async_wait: cuda_launch.cuh.
 
 // The per-warp body of every batch-invariant kernel (linear, linear_multi,
 // linear_gelu_mul): acc[g][c] = Σ_k wrow[c][k] · xrow[g][k] with the fixed
@@ -627,38 +585,10 @@ bool vector_path(const void* x, const void* w, int64_t k, size_t w_size) {
 
 // Launches an invariant kernel of `blocks` blocks of kThreads on `stream`, as a
 // programmatic dependent of the previous kernel when kUsePdl.
-// Raises a kernel's dynamic shared memory limit to `bytes` once per device.
-void allow_dynamic_smem(const void* kernel, size_t bytes, const char* name) {
-  static std::mutex mutex;
-  static std::vector<std::pair<const void*, int>> done;
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  std::lock_guard<std::mutex> lock(mutex);
-  for (const auto& [k, d] : done) {
-    if (k == kernel && d == device) return;
-  }
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(bytes)),
-             name);
-  done.emplace_back(kernel, device);
-}
-
 template <typename... Params, typename... Args>
 void launch_invariant_kernel(void (*kernel)(Params...), int64_t blocks, size_t smem,
                              cudaStream_t stream, const char* name, Args... args) {
-  if (smem > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, name);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(kThreads);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = kUsePdl ? 1 : 0;
-  check_cuda(cudaLaunchKernelEx(&cfg, kernel, args...), name);
-  check_cuda(cudaGetLastError(), name);
+  launch_pdl(kernel, blocks, kThreads, smem, stream, name, args...);
 }
 
 // Streaming multiprocessors of the current device (cached per device).
@@ -1096,6 +1026,11 @@ void CudaBackend::linear_rows_above(const Tensor& x, const Tensor& w, const Tens
          x.describe(), w.describe());
   }
   if (m > gemm_rows && linear_lt(*this, x, w, y)) return;
+  if (w.dtype() == DType::kBF16) {
+    void* x_split = scratch(x_split_, mma_split_bytes(m, k));
+    mma_linear(x.data_as<const float>(), x_split, w.data(), y.data_as<float>(), m, n, k, stream_);
+    return;
+  }
   with_weight_type(w.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     launch_invariant(x.data_as<const float>(), w.data_as<const T>(), y.data_as<float>(), m, n, k,
@@ -1136,6 +1071,25 @@ void CudaBackend::linear_multi(const Tensor& x, std::span<const LinearOut> outs)
   const int64_t k = x.dim(1);
   const DType dtype = outs[0].w.dtype();
   bool fused = m >= 1 && m <= kInvariantRows && k >= 1 && k <= INT_MAX - kChunk;
+  bool all_bf16 = fused;
+  for (const LinearOut& o : outs) {
+    all_bf16 = all_bf16 && o.w.dtype() == DType::kBF16 && o.w.dim(0) <= INT_MAX - kWarps * kCols;
+  }
+  if (all_bf16) {
+    // In slices of four (one launch each) so the hot path never allocates.
+    void* x_split = scratch(x_split_, mma_split_bytes(m, k));
+    std::array<MmaOut, 4> slice;
+    for (size_t first = 0; first < outs.size(); first += slice.size()) {
+      const size_t count = std::min(slice.size(), outs.size() - first);
+      for (size_t i = 0; i < count; ++i) {
+        const LinearOut& o = outs[first + i];
+        slice[i] = {o.w.data(), o.y.data_as<float>(), o.w.dim(0)};
+      }
+      mma_linear_multi(x.data_as<const float>(), x_split, std::span(slice.data(), count), m, k,
+                       stream_);
+    }
+    return;
+  }
   for (const LinearOut& o : outs) {
     fused = fused && o.w.dtype() == dtype && o.w.dim(0) <= INT_MAX - kWarps * kCols &&
             vector_path(x.data(), o.w.data(), k, dtype_size(dtype));
@@ -1173,6 +1127,14 @@ void CudaBackend::linear_gelu_mul(const Tensor& x, const Tensor& w_gate, const T
                      k >= 1 && k <= INT_MAX - kChunk && w_up.dtype() == dtype &&
                      vector_path(x.data(), w_gate.data(), k, dtype_size(dtype)) &&
                      vector_path(x.data(), w_up.data(), k, dtype_size(dtype));
+  if (m >= 1 && m <= kInvariantRows && n >= 1 && n <= INT_MAX - kWarps * kCols && k >= 1 &&
+      k <= INT_MAX - kChunk && dtype == DType::kBF16 && w_up.dtype() == dtype) {
+    OpTimer timer(*this, kOp);
+    void* x_split = scratch(x_split_, mma_split_bytes(m, k));
+    mma_linear_gelu_mul(x.data_as<const float>(), x_split, w_gate.data(), w_up.data(),
+                        gate.data_as<float>(), m, n, k, stream_);
+    return;
+  }
   if (!fused) {
     Backend::linear_gelu_mul(x, w_gate, w_up, gate, up);
     return;

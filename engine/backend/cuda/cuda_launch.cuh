@@ -1,0 +1,109 @@
+// SPDX-License-Identifier: Apache-2.0
+// Programmatic dependent launch (PDL) and streaming loads, shared by the
+// product kernels (cuda_linear.cu, cuda_linear_mma.cu). Included only by .cu
+// files.
+//
+// A kernel launched by launch_pdl() may start while the kernel before it on
+// the stream is still running. Before pdl_wait() it may touch only weights
+// (loads, L2 prefetches: weights are never written by the kernels that let
+// dependents start early), and only after it may it read activations or write
+// anything. Each such kernel also calls pdl_launch_dependents() at its top so
+// that the kernel after it can start its own weight prologue; a kernel launched
+// without the attribute waits for completion as usual. Off (kUsePdl = false):
+// plain stream order. The numerics are the same either way.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "engine/backend/cuda/cuda_backend.h"
+
+namespace specula::cuda {
+
+inline constexpr bool kUsePdl = true;
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kUsePdl) asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// Waits for the kernel this one depends on (a no-op without the attribute).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (kUsePdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// One 16-byte streaming load: weights are read once, so they are kept out of
+// L1 (which then holds the activations every warp re-reads).
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+  uint4 r;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p));
+  return r;
+}
+
+// A 16-byte asynchronous copy global -> shared that bypasses L1, with a hint
+// to fetch 256 bytes into L2 (the weight rows are streamed).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const auto dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(gmem)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+// Waits until at most N of this thread's newest copy groups are pending.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Raises a kernel's dynamic shared memory limit to `bytes` once per device.
+inline void allow_dynamic_smem(const void* kernel, size_t bytes, const char* name) {
+  static std::mutex mutex;
+  static std::vector<std::pair<const void*, int>> done;
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  std::lock_guard<std::mutex> lock(mutex);
+  for (const auto& [k, d] : done) {
+    if (k == kernel && d == device) return;
+  }
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(bytes)),
+             name);
+  done.emplace_back(kernel, device);
+}
+
+// Launches `kernel` with `blocks` x `threads` and `smem` dynamic shared memory
+// on `stream`, as a programmatic dependent of the previous kernel when kUsePdl.
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), int64_t blocks, int threads, size_t smem,
+                cudaStream_t stream, const char* name, Args... args) {
+  if (smem > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, name);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
+  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = kUsePdl ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...), name);
+  check_cuda(cudaGetLastError(), name);
+}
+
+}  // namespace specula::cuda

@@ -1,0 +1,691 @@
+// SPDX-License-Identifier: Apache-2.0
+// Batch-invariant products with bf16 weights on the tensor cores; the numerics
+// are described in cuda_linear_mma.h.
+//
+// Why tensor cores for a memory-bound GEMV: with FMA a product of M rows costs
+// M fmaf per weight element plus the widening, which made the 2-8 row products
+// of verify windows issue-bound (2.1-3.4 TB/s against 3.4-3.9 at one row). One
+// m16n8k16 consumes 256 weight elements for up to 8 rows, so 1 to 8 rows cost
+// the same few instructions per byte and the weights stream at the same rate.
+//
+// Layout. A block of KS warps (KS = mma_k_split(N)) owns kTileCols · CT output
+// columns (CT weight tiles of 16 rows) and 8 · NT activation rows (NT row
+// tiles); its warps each take a contiguous range of the K steps. Lane
+// (g = lane / 4, t = lane % 4) loads, per step and tile, 8 consecutive weights
+// of rows g and g + 8 at k = 32·step + 8t (one 16-byte load each) and the split
+// of the 8 activations of row g at the same k. mma.m16n8k16 pairs k indices by position in the
+// fragment, not by value, so the lane's 8 elements are fed as the fragment's
+// columns {2t, 2t+1, 2t+8, 2t+9} of two mma (words 0,1 then 2,3): A and B see
+// the same permutation of k, which leaves each dot product unchanged.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+
+#include "engine/backend/cuda/cuda_backend.h"
+#include "engine/backend/cuda/cuda_device_common.cuh"
+#include "engine/backend/cuda/cuda_launch.cuh"
+#include "engine/backend/cuda/cuda_linear_mma.h"
+
+namespace specula::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kStepK = 32;       // k elements per warp step (8 per lane)
+constexpr int kTileCols = 16;    // weight rows (output columns) of one mma tile
+constexpr int kTileRows = 8;     // activation rows of one mma tile
+constexpr int kMaxRowTiles = 4;  // row tiles per pass over the weights
+
+// Chunks of 8 elements per x_split row: whole steps of 32 elements, so that
+// the 4 chunks a step reads always lie in the row (those past K are zero).
+__host__ __device__ constexpr int64_t split_chunks(int64_t k_dim) {
+  return (k_dim + kStepK - 1) / kStepK * (kStepK / 8);
+}
+
+// ---- loads ----
+
+// Eight bf16 weights at row + k as raw bits (element j in half j % 2 of word
+// j / 2), element by element (no alignment needed); elements at or past k_dim
+// are zero. The tail step and misaligned rows.
+__device__ __forceinline__ uint4 load_w8_checked(const bf16* row, int64_t k, int64_t k_dim) {
+  const auto* q = reinterpret_cast<const unsigned short*>(row);
+  uint32_t words[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if (k + j < k_dim) words[j / 2] |= static_cast<uint32_t>(__ldg(q + k + j)) << (16 * (j % 2));
+  }
+  return make_uint4(words[0], words[1], words[2], words[3]);
+}
+
+// ---- the exact three-term split ----
+
+__device__ __forceinline__ uint32_t as_bits(__nv_bfloat162 v) {
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The remainder x - part, or 0 when it is NaN (x infinite or NaN: hi alone then
+// carries x, as the product with an f32 x would). A finite x beyond bf16's
+// largest finite value (> 3.39e38) would still come out NaN.
+__device__ __forceinline__ float remainder_of(float x, float part) {
+  const float r = __fsub_rn(x, part);
+  return r == r ? r : 0.0f;
+}
+
+// Eight activations as three bf16x2 words each: pair p holds elements 2p, 2p+1.
+struct SplitX {
+  uint32_t hi[4], mid[4], lo[4];
+};
+
+__device__ __forceinline__ SplitX split_x(const float (&v)[8]) {
+  SplitX s;
+#pragma unroll
+  for (int p = 0; p < 4; ++p) {
+    const float a = v[2 * p];
+    const float b = v[2 * p + 1];
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(a, b);
+    const float ra = remainder_of(a, __low2float(hi));
+    const float rb = remainder_of(b, __high2float(hi));
+    const __nv_bfloat162 mid = __floats2bfloat162_rn(ra, rb);
+    const __nv_bfloat162 lo =
+        __floats2bfloat162_rn(__fsub_rn(ra, __low2float(mid)), __fsub_rn(rb, __high2float(mid)));
+    s.hi[p] = as_bits(hi);
+    s.mid[p] = as_bits(mid);
+    s.lo[p] = as_bits(lo);
+  }
+  return s;
+}
+
+// x_split layout: row m, chunk c (elements 8c .. 8c + 7; zero past K) is three
+// consecutive uint4 at x_split + (m · chunks + c) · 3: hi, mid, lo words.
+__device__ __forceinline__ SplitX load_split(const uint4* p) {
+  const uint4 hi = __ldg(p);
+  const uint4 mid = __ldg(p + 1);
+  const uint4 lo = __ldg(p + 2);
+  return SplitX{{hi.x, hi.y, hi.z, hi.w}, {mid.x, mid.y, mid.z, mid.w}, {lo.x, lo.y, lo.z, lo.w}};
+}
+
+// Splits every 8-element chunk of x f32 [m_rows, k_dim] into x_split (one
+// thread per chunk). Once per product (or per group of products of one x), so
+// the product kernels, whose blocks all read the whole x, do not each split it
+// again. A programmatic dependent like the products: it reads x only after
+// pdl_wait().
+__global__ void __launch_bounds__(256)
+    split_x_kernel(const float* __restrict__ x, uint4* __restrict__ x_split, int64_t m_rows,
+                   int64_t k_dim, int64_t chunks) {
+  pdl_launch_dependents();
+  pdl_wait();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= m_rows * chunks) return;
+  const int64_t m = i / chunks;
+  const int64_t k = (i - m * chunks) * 8;
+  const float* row = x + m * k_dim;
+  float v[8];
+  const bool vec = k + 8 <= k_dim && (reinterpret_cast<uintptr_t>(row + k) & 15u) == 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = 0.0f;
+  if (vec) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(row + k));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(row + k) + 1);
+    v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+    v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (k + j < k_dim) v[j] = __ldg(row + k + j);
+    }
+  }
+  const SplitX s = split_x(v);
+  uint4* out = x_split + i * 3;
+  out[0] = make_uint4(s.hi[0], s.hi[1], s.hi[2], s.hi[3]);
+  out[1] = make_uint4(s.mid[0], s.mid[1], s.mid[2], s.mid[3]);
+  out[2] = make_uint4(s.lo[0], s.lo[1], s.lo[2], s.lo[3]);
+}
+
+// d += A · B for one m16n8k16 (bf16 in, f32 accumulate).
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// One step of one (weight tile, row tile): w_lo/w_hi are the lane's 8 weights
+// of rows g and g + 8, x its 8 activations of row g, split. The fixed order:
+// fragment half 0 (words 0, 1) then half 1 (words 2, 3), each hi, mid, lo.
+__device__ __forceinline__ void mma_step(float (&acc)[4], const uint4& w_lo, const uint4& w_hi,
+                                         const SplitX& x) {
+  mma_bf16(acc, w_lo.x, w_hi.x, w_lo.y, w_hi.y, x.hi[0], x.hi[1]);
+  mma_bf16(acc, w_lo.x, w_hi.x, w_lo.y, w_hi.y, x.mid[0], x.mid[1]);
+  mma_bf16(acc, w_lo.x, w_hi.x, w_lo.y, w_hi.y, x.lo[0], x.lo[1]);
+  mma_bf16(acc, w_lo.z, w_hi.z, w_lo.w, w_hi.w, x.hi[2], x.hi[3]);
+  mma_bf16(acc, w_lo.z, w_hi.z, w_lo.w, w_hi.w, x.mid[2], x.mid[3]);
+  mma_bf16(acc, w_lo.z, w_hi.z, w_lo.w, w_hi.w, x.lo[2], x.lo[3]);
+}
+
+// Steps of weights in flight per lane on the register path: a ring of U
+// buffers, each refilled with the step U ahead as soon as it has been used, so
+// U steps stay in flight without register copies.
+template <int CT, int NT>
+constexpr int ring_steps() {
+  return CT * NT == 1 ? 4 : 2;
+}
+
+// Single-row products (decode) stream the weights through a per-lane cp.async
+// pipeline of PS steps in shared memory instead of the register ring: more
+// bytes in flight per warp (8 KB) at fewer registers. Each lane reads back
+// only what it copied itself, so no barrier is needed. With more rows the
+// pipeline's shared memory leaves too little L1 for the x_split rows every
+// lane reads (measured on an H200: 5-row products lost 20-35%), so those keep
+// the ring (PS = 0). Where the weights wait never changes the sums.
+template <int CT>
+constexpr int kDecodePipeSteps = 8 / CT;
+template <int KS, int CT, int PS>
+constexpr size_t pipe_bytes() {
+  return static_cast<size_t>(PS) * CT * 2 * KS * 32 * sizeof(uint4);
+}
+
+// Blocks per SM the register budget must allow: enough for one wave of the
+// model's narrow products (336 blocks for N = 5376) at single tiles.
+template <int KS, int CT, int NT>
+constexpr int min_blocks() {
+  return (CT * NT == 1 ? 3 : 2) * (8 / KS);
+}
+
+// The block's tile: acc[c][j] = this warp's partial sums over its K range for
+// weight tile c (wrow[c][0] = the lane's row g, wrow[c][1] = row g + 8) and row
+// tile j (xrow[j] = chunk 0 of the lane's activation row g of tile j in
+// x_split; padding rows past M point at a real row, and their results are
+// never written). Only weights are loaded before pdl_wait().
+//
+// Steps whose 32 elements all lie below K ("full" steps) take unchecked
+// 16-byte weight loads (pipeline or ring); the one partial step at the end of
+// K, and every step of misaligned weights (!kVec), take checked element loads
+// with zero fill (x_split is already zero there). Either way each step runs
+// the same mma_step in increasing step order, so the loads never change the sums.
+template <int KS, int CT, int NT, bool kVec, int PS>
+__device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
+                                              const uint4* const (&xrow)[NT], int64_t k_dim,
+                                              float (&acc)[CT][NT][4]) {
+  constexpr int kThreads = KS * 32;
+  constexpr int kChunksPerStep = kStepK / 8;
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int t = static_cast<int>(threadIdx.x & 3u);
+  const int64_t steps = (k_dim + kStepK - 1) / kStepK;
+  const int64_t s_begin = warp * steps / KS;
+  const int64_t s_end = (warp + 1) * steps / KS;
+  const int64_t s_full = kVec ? std::min(s_end, k_dim / kStepK) : s_begin;
+#pragma unroll
+  for (int c = 0; c < CT; ++c) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[c][j][i] = 0.0f;
+    }
+  }
+  // Lane pointers at step s_begin.
+  const int64_t k0 = s_begin * kStepK + 8 * t;
+  const bf16* wp[CT][2];
+#pragma unroll
+  for (int c = 0; c < CT; ++c) {
+    wp[c][0] = wrow[c][0] + k0;
+    wp[c][1] = wrow[c][1] + k0;
+  }
+  const uint4* xp[NT];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) xp[j] = xrow[j] + (s_begin * kChunksPerStep + t) * 3;
+  // The step `offset` steps past the pointers' current one.
+  const auto compute = [&](const uint4(&w)[CT][2], int64_t offset) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const SplitX split = load_split(xp[j] + offset * kChunksPerStep * 3);
+#pragma unroll
+      for (int c = 0; c < CT; ++c) mma_step(acc[c][j], w[c][0], w[c][1], split);
+    }
+  };
+  const int64_t full = s_full - s_begin;  // full steps of this warp (>= 0)
+
+  if constexpr (PS > 0) {
+    // Step i waits in stage i % PS: slot (stage, c, h) of this thread is
+    // pipe[((stage · CT + c) · 2 + h) · kThreads].
+    extern __shared__ uint4 pipe_smem[];
+    uint4* pipe = pipe_smem + threadIdx.x;
+    const auto issue = [&](int64_t i) {
+      const int stage = static_cast<int>(i % PS);
+#pragma unroll
+      for (int c = 0; c < CT; ++c) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          cp_async16(pipe + ((stage * CT + c) * 2 + h) * kThreads, wp[c][h] + i * kStepK);
+        }
+      }
+    };
+    // Weights only before the wait; one commit group per step, empty ones
+    // included, so that group i always holds step i.
+#pragma unroll
+    for (int i = 0; i < PS; ++i) {
+      if (i < full) issue(i);
+      cp_async_commit();
+    }
+    pdl_wait();
+    for (int64_t i = 0; i < full; ++i) {
+      cp_async_wait<PS - 1>();  // group i (step i) has landed
+      const int stage = static_cast<int>(i % PS);
+      uint4 w[CT][2];
+#pragma unroll
+      for (int c = 0; c < CT; ++c) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) w[c][h] = pipe[((stage * CT + c) * 2 + h) * kThreads];
+      }
+      compute(w, i);
+      // The stage is free once read: refill it with step i + PS.
+      if (i + PS < full) issue(i + PS);
+      cp_async_commit();
+    }
+    cp_async_wait<0>();
+  } else {
+    constexpr int U = ring_steps<CT, NT>();
+    uint4 ring[U][CT][2];
+    const auto fill = [&](uint4(&slot)[CT][2], int64_t ahead) {
+#pragma unroll
+      for (int c = 0; c < CT; ++c) {
+        slot[c][0] = load_stream16(wp[c][0] + ahead * kStepK);
+        slot[c][1] = load_stream16(wp[c][1] + ahead * kStepK);
+      }
+    };
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (u < full) fill(ring[u], u);  // weights only: may overlap the previous kernel
+    }
+    pdl_wait();
+    int64_t done = 0;
+    for (; done + U <= full; done += U) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        compute(ring[u], u);
+        if (done + u + U < full) fill(ring[u], u + U);
+      }
+#pragma unroll
+      for (int c = 0; c < CT; ++c) {
+        wp[c][0] += U * kStepK;
+        wp[c][1] += U * kStepK;
+      }
+#pragma unroll
+      for (int j = 0; j < NT; ++j) xp[j] += U * kChunksPerStep * 3;
+    }
+    // Fewer than U full steps left: they already wait in ring[0 ..].
+#pragma unroll
+    for (int u = 0; u < U - 1; ++u) {
+      if (done + u < full) compute(ring[u], u);
+    }
+  }
+  // Checked steps: the partial last step of K, or every step when misaligned.
+  for (int64_t s = s_full; s < s_end; ++s) {
+    const int64_t k = s * kStepK + 8 * t;
+    uint4 w[CT][2];
+#pragma unroll
+    for (int c = 0; c < CT; ++c) {
+      w[c][0] = load_w8_checked(wrow[c][0], k, k_dim);
+      w[c][1] = load_w8_checked(wrow[c][1], k, k_dim);
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const SplitX split = load_split(xrow[j] + (s * kChunksPerStep + t) * 3);
+#pragma unroll
+      for (int c = 0; c < CT; ++c) mma_step(acc[c][j], w[c][0], w[c][1], split);
+    }
+  }
+}
+
+// Shared memory of the warp-order combine: red[warp][entry][lane].
+template <int KS, int CT, int NT>
+struct Combine {
+  float red[KS][CT * NT * 4][32];
+};
+
+// Stores this warp's partials and waits for the block: afterwards sum_of(e,
+// lane) is the fixed-order total of entry e = (c·NT + j)·4 + i.
+template <int KS, int CT, int NT>
+__device__ __forceinline__ void publish(Combine<KS, CT, NT>& sh, const float (&acc)[CT][NT][4]) {
+  const int warp = static_cast<int>(threadIdx.x >> 5);
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+#pragma unroll
+  for (int c = 0; c < CT; ++c) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) sh.red[warp][(c * NT + j) * 4 + i][lane] = acc[c][j][i];
+    }
+  }
+  __syncthreads();
+}
+
+template <int KS, int CT, int NT>
+__device__ __forceinline__ float sum_of(const Combine<KS, CT, NT>& sh, int e, int lane) {
+  float v = sh.red[0][e][lane];
+#pragma unroll
+  for (int w = 1; w < KS; ++w) v += sh.red[w][e][lane];
+  return v;
+}
+
+// Where entry i of a lane's accumulator lands: column offset within the 16-row
+// weight tile and row offset within the 8-row activation tile.
+__device__ __forceinline__ int entry_col(int i, int lane) {
+  return (lane >> 2) + 8 * (i >> 1);
+}
+__device__ __forceinline__ int entry_row(int i, int lane) {
+  return 2 * (lane & 3) + (i & 1);
+}
+
+// The lane's activation rows in x_split: tile j's row g, clamped to the last row
+// past M (a padding row's column of the mma only feeds results that are never
+// written, and reading a real row keeps the loads branch-free).
+template <int NT>
+__device__ __forceinline__ void lane_x_rows(const uint4* x_split, int64_t m0, int64_t m_rows,
+                                            int64_t k_dim, const uint4* (&xrow)[NT]) {
+  const int g = static_cast<int>((threadIdx.x & 31u) >> 2);
+  const int64_t chunks = split_chunks(k_dim);
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    xrow[j] = x_split + std::min<int64_t>(m0 + j * kTileRows + g, m_rows - 1) * chunks * 3;
+  }
+}
+
+// The lane's two weight rows of the tile starting at column n0 of w [n_cols, K]
+// (rows past the end clamped to the last: computed, never written).
+__device__ __forceinline__ void lane_w_rows(const bf16* w, int64_t n0, int64_t n_cols,
+                                            int64_t k_dim, const bf16* (&rows)[2]) {
+  const int g = static_cast<int>((threadIdx.x & 31u) >> 2);
+  rows[0] = w + std::min<int64_t>(n0 + g, n_cols - 1) * k_dim;
+  rows[1] = w + std::min<int64_t>(n0 + g + 8, n_cols - 1) * k_dim;
+}
+
+// Writes the block's combined tile of y [m_rows, n_cols] (ld n_cols): columns
+// n0 .. n0 + 16·CT, rows m0 .. m0 + 8·NT.
+template <int KS, int CT, int NT>
+__device__ __forceinline__ void store_tile(const Combine<KS, CT, NT>& sh, float* y, int64_t m0,
+                                           int64_t m_rows, int64_t n0, int64_t n_cols) {
+  for (int idx = static_cast<int>(threadIdx.x); idx < CT * NT * 4 * 32; idx += KS * 32) {
+    const int e = idx >> 5;
+    const int lane = idx & 31;
+    const int i = e & 3;
+    const int j = (e >> 2) % NT;
+    const int c = (e >> 2) / NT;
+    const int64_t col = n0 + c * kTileCols + entry_col(i, lane);
+    const int64_t row = m0 + j * kTileRows + entry_row(i, lane);
+    if (col < n_cols && row < m_rows) y[row * n_cols + col] = sum_of(sh, e, lane);
+  }
+}
+
+// y = x · wᵀ. Grid: (column block of 16·CT columns) × (row group of 8·NT rows),
+// the row group fastest so that blocks streaming the same weights run together.
+template <int KS, int CT, int NT, bool kVec, int PS>
+__global__ void __launch_bounds__(KS * 32, min_blocks<KS, CT, NT>())
+    mma_linear_kernel(const uint4* __restrict__ x, const bf16* __restrict__ w,
+                      float* __restrict__ y, int64_t m_rows, int64_t n_cols, int64_t k_dim,
+                      int row_groups) {
+  pdl_launch_dependents();
+  __shared__ Combine<KS, CT, NT> sh;
+  const int group = static_cast<int>(blockIdx.x % static_cast<unsigned>(row_groups));
+  const int64_t n0 =
+      static_cast<int64_t>(blockIdx.x / static_cast<unsigned>(row_groups)) * (kTileCols * CT);
+  const int64_t m0 = static_cast<int64_t>(group) * (kTileRows * NT);
+  const bf16* wrow[CT][2];
+#pragma unroll
+  for (int c = 0; c < CT; ++c) lane_w_rows(w, n0 + c * kTileCols, n_cols, k_dim, wrow[c]);
+  const uint4* xrow[NT];
+  lane_x_rows<NT>(x, m0, m_rows, k_dim, xrow);
+  float acc[CT][NT][4];
+  warp_partials<KS, CT, NT, kVec, PS>(wrow, xrow, k_dim, acc);
+  publish(sh, acc);
+  store_tile(sh, y, m0, m_rows, n0, n_cols);
+}
+
+// Outputs of one multi launch, by value (kernel parameter space).
+constexpr int kMaxMultiOuts = 4;
+struct MultiOuts {
+  const bf16* w[kMaxMultiOuts];
+  float* y[kMaxMultiOuts];
+  int64_t n_cols[kMaxMultiOuts];
+  int first_block[kMaxMultiOuts];  // first block of output o; first_block[0] == 0
+  int count;
+};
+
+// Several y_o = x · w_oᵀ in one grid: the concatenation of each output's
+// mma_linear_kernel<KS, 1, NT, true, PS> grid (all with the same KS). Every
+// tile is computed as there.
+template <int KS, int NT, int PS>
+__global__ void __launch_bounds__(KS * 32, min_blocks<KS, 1, NT>())
+    mma_multi_kernel(const uint4* __restrict__ x, MultiOuts outs, int64_t m_rows, int64_t k_dim,
+                     int row_groups) {
+  pdl_launch_dependents();
+  __shared__ Combine<KS, 1, NT> sh;
+  const int b = static_cast<int>(blockIdx.x);
+  // Constant indices only, so the parameter struct is not copied to local memory.
+  const bf16* w = outs.w[0];
+  float* y = outs.y[0];
+  int64_t n_cols = outs.n_cols[0];
+  int first = 0;
+#pragma unroll
+  for (int o = 1; o < kMaxMultiOuts; ++o) {
+    if (o < outs.count && b >= outs.first_block[o]) {
+      w = outs.w[o];
+      y = outs.y[o];
+      n_cols = outs.n_cols[o];
+      first = outs.first_block[o];
+    }
+  }
+  const int local = b - first;
+  const int64_t n0 = static_cast<int64_t>(local / row_groups) * kTileCols;
+  const int64_t m0 = static_cast<int64_t>(local % row_groups) * (kTileRows * NT);
+  const bf16* wrow[1][2];
+  lane_w_rows(w, n0, n_cols, k_dim, wrow[0]);
+  const uint4* xrow[NT];
+  lane_x_rows<NT>(x, m0, m_rows, k_dim, xrow);
+  float acc[1][NT][4];
+  warp_partials<KS, 1, NT, true, PS>(wrow, xrow, k_dim, acc);
+  publish(sh, acc);
+  store_tile(sh, y, m0, m_rows, n0, n_cols);
+}
+
+// gate = gelu_tanh(x · w_gateᵀ) ⊙ (x · w_upᵀ): weight tile 0 is 16 gate columns,
+// tile 1 the same 16 up columns, so one thread combines both sums of a cell.
+template <int KS, int NT, bool kVec, int PS>
+__global__ void __launch_bounds__(KS * 32, min_blocks<KS, 2, NT>())
+    mma_gelu_mul_kernel(const uint4* __restrict__ x, const bf16* __restrict__ w_gate,
+                        const bf16* __restrict__ w_up, float* __restrict__ gate, int64_t m_rows,
+                        int64_t n_cols, int64_t k_dim, int row_groups) {
+  pdl_launch_dependents();
+  __shared__ Combine<KS, 2, NT> sh;
+  const int group = static_cast<int>(blockIdx.x % static_cast<unsigned>(row_groups));
+  const int64_t n0 =
+      static_cast<int64_t>(blockIdx.x / static_cast<unsigned>(row_groups)) * kTileCols;
+  const int64_t m0 = static_cast<int64_t>(group) * (kTileRows * NT);
+  const bf16* wrow[2][2];
+  lane_w_rows(w_gate, n0, n_cols, k_dim, wrow[0]);
+  lane_w_rows(w_up, n0, n_cols, k_dim, wrow[1]);
+  const uint4* xrow[NT];
+  lane_x_rows<NT>(x, m0, m_rows, k_dim, xrow);
+  float acc[2][NT][4];
+  warp_partials<KS, 2, NT, kVec, PS>(wrow, xrow, k_dim, acc);
+  publish(sh, acc);
+  for (int idx = static_cast<int>(threadIdx.x); idx < NT * 4 * 32; idx += KS * 32) {
+    const int e = idx >> 5;  // entry of tile 0; tile 1's is e + NT·4
+    const int lane = idx & 31;
+    const int i = e & 3;
+    const int j = e >> 2;
+    const int64_t col = n0 + entry_col(i, lane);
+    const int64_t row = m0 + j * kTileRows + entry_row(i, lane);
+    if (col < n_cols && row < m_rows) {
+      const float g = sum_of(sh, e, lane);
+      const float u = sum_of(sh, e + NT * 4, lane);
+      gate[row * n_cols + col] = __fmul_rn(gelu_tanh(g), u);
+    }
+  }
+}
+
+bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15u) == 0;
+}
+
+// 16-byte weight loads apply: an aligned base and rows of a multiple of 8 elements.
+bool vec_path(const void* w, int64_t k) {
+  return aligned16(w) && k % 8 == 0;
+}
+
+// Row tiles per pass for M rows: 1, 2 or 4 (more rows run in groups of 32).
+int64_t row_tiles_for(int64_t m) {
+  const int64_t tiles = (m + kTileRows - 1) / kTileRows;
+  return tiles >= 3 ? kMaxRowTiles : tiles;
+}
+
+// Calls f(NT, KS) as std::integral_constant for M rows and N columns.
+template <typename F>
+void with_shape(int64_t m, int64_t n, F&& f) {
+  const auto with_ks = [&](auto nt) {
+    if (mma_k_split(n) == 4) return f(nt, std::integral_constant<int, 4>{});
+    return f(nt, std::integral_constant<int, 8>{});
+  };
+  switch (row_tiles_for(m)) {
+    case 1:
+      return with_ks(std::integral_constant<int, 1>{});
+    case 2:
+      return with_ks(std::integral_constant<int, 2>{});
+    default:
+      return with_ks(std::integral_constant<int, kMaxRowTiles>{});
+  }
+}
+
+// Calls f(kVec, PS) as integral constants: kVec when `vec` (16-byte weight
+// loads); PS, the pipeline steps, for single-row products on the vector path.
+template <int CT, int NT, typename F>
+void with_paths(int64_t m, bool vec, F&& f) {
+  if (!vec) return f(std::false_type{}, std::integral_constant<int, 0>{});
+  if constexpr (NT == 1) {
+    if (m == 1) return f(std::true_type{}, std::integral_constant<int, kDecodePipeSteps<CT>>{});
+  }
+  return f(std::true_type{}, std::integral_constant<int, 0>{});
+}
+
+int64_t checked_blocks(int64_t col_blocks, int64_t row_groups, const char* op) {
+  const int64_t blocks = col_blocks * row_groups;
+  if (blocks > INT_MAX) {
+    fail("{}: {} column blocks x {} row groups exceed the CUDA grid", op, col_blocks, row_groups);
+  }
+  return blocks;
+}
+
+// Fills x_split from x f32 [m, k] (queued on `stream`, a programmatic dependent).
+void launch_split(const float* x, void* x_split, int64_t m, int64_t k, cudaStream_t stream) {
+  const int64_t chunks = split_chunks(k);
+  const int64_t threads = 256;
+  const int64_t blocks = (m * chunks + threads - 1) / threads;
+  if (blocks > INT_MAX) fail("linear: x [{}, {}] is too large to split", m, k);
+  launch_pdl(split_x_kernel, blocks, static_cast<int>(threads), 0, stream, "split_x_kernel", x,
+             static_cast<uint4*>(x_split), m, k, chunks);
+}
+
+}  // namespace
+
+int mma_k_split(int64_t n_cols) {
+  return n_cols >= kWideColumns ? 4 : 8;
+}
+
+size_t mma_split_bytes(int64_t m, int64_t k) {
+  return static_cast<size_t>(m) * static_cast<size_t>(split_chunks(k)) * 3 * sizeof(uint4);
+}
+
+void mma_linear(const float* x, void* x_split, const void* w, float* y, int64_t m, int64_t n,
+                int64_t k, cudaStream_t stream) {
+  launch_split(x, x_split, m, k, stream);
+  const auto* xs = static_cast<const uint4*>(x_split);
+  const auto* wb = static_cast<const bf16*>(w);
+  constexpr int CT = 1;
+  with_shape(m, n, [&](auto nt, auto ks) {
+    constexpr int NT = decltype(nt)::value;
+    constexpr int KS = decltype(ks)::value;
+    const int64_t row_groups = (m + kTileRows * NT - 1) / (kTileRows * NT);
+    const int64_t blocks =
+        checked_blocks((n + kTileCols * CT - 1) / (kTileCols * CT), row_groups, "linear");
+    with_paths<CT, NT>(m, vec_path(w, k), [&](auto vec, auto ps) {
+      constexpr bool kVec = decltype(vec)::value;
+      constexpr int PS = decltype(ps)::value;
+      launch_pdl(mma_linear_kernel<KS, CT, NT, kVec, PS>, blocks, KS * 32, pipe_bytes<KS, CT, PS>(),
+                 stream, "mma_linear_kernel", xs, wb, y, m, n, k, static_cast<int>(row_groups));
+    });
+  });
+}
+
+void mma_linear_multi(const float* x, void* x_split, std::span<const MmaOut> outs, int64_t m,
+                      int64_t k, cudaStream_t stream) {
+  bool same = true;  // one launch needs 16-byte loads and one K split for every output
+  for (const MmaOut& o : outs) {
+    same = same && vec_path(o.w, k) && mma_k_split(o.n) == mma_k_split(outs[0].n);
+  }
+  if (!same) {  // the same bits, one launch per output
+    for (const MmaOut& o : outs) {
+      if (o.n > 0) mma_linear(x, x_split, o.w, o.y, m, o.n, k, stream);
+    }
+    return;
+  }
+  launch_split(x, x_split, m, k, stream);
+  const auto* xs = static_cast<const uint4*>(x_split);
+  with_shape(m, outs[0].n, [&](auto nt, auto ks) {
+    constexpr int NT = decltype(nt)::value;
+    constexpr int KS = decltype(ks)::value;
+    const int64_t row_groups = (m + kTileRows * NT - 1) / (kTileRows * NT);
+    MultiOuts batch{};
+    int64_t blocks = 0;
+    const auto flush = [&] {
+      if (batch.count == 0) return;
+      with_paths<1, NT>(m, true, [&](auto, auto ps) {
+        constexpr int PS = decltype(ps)::value;
+        launch_pdl(mma_multi_kernel<KS, NT, PS>, blocks, KS * 32, pipe_bytes<KS, 1, PS>(), stream,
+                   "mma_multi_kernel", xs, batch, m, k, static_cast<int>(row_groups));
+      });
+      batch = MultiOuts{};
+      blocks = 0;
+    };
+    for (const MmaOut& o : outs) {
+      if (o.n == 0) continue;
+      const int64_t out_blocks =
+          checked_blocks((o.n + kTileCols - 1) / kTileCols, row_groups, "linear_multi");
+      if (batch.count == kMaxMultiOuts || blocks + out_blocks > INT_MAX) flush();
+      batch.w[batch.count] = static_cast<const bf16*>(o.w);
+      batch.y[batch.count] = o.y;
+      batch.n_cols[batch.count] = o.n;
+      batch.first_block[batch.count] = static_cast<int>(blocks);
+      ++batch.count;
+      blocks += out_blocks;
+    }
+    flush();
+  });
+}
+
+void mma_linear_gelu_mul(const float* x, void* x_split, const void* w_gate, const void* w_up,
+                         float* gate, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+  launch_split(x, x_split, m, k, stream);
+  const auto* xs = static_cast<const uint4*>(x_split);
+  const auto* wg = static_cast<const bf16*>(w_gate);
+  const auto* wu = static_cast<const bf16*>(w_up);
+  with_shape(m, n, [&](auto nt, auto ks) {
+    constexpr int NT = decltype(nt)::value;
+    constexpr int KS = decltype(ks)::value;
+    const int64_t row_groups = (m + kTileRows * NT - 1) / (kTileRows * NT);
+    const int64_t blocks =
+        checked_blocks((n + kTileCols - 1) / kTileCols, row_groups, "linear_gelu_mul");
+    with_paths<2, NT>(m, vec_path(w_gate, k) && vec_path(w_up, k), [&](auto vec, auto ps) {
+      constexpr bool kVec = decltype(vec)::value;
+      constexpr int PS = decltype(ps)::value;
+      launch_pdl(mma_gelu_mul_kernel<KS, NT, kVec, PS>, blocks, KS * 32, pipe_bytes<KS, 2, PS>(),
+                 stream, "mma_gelu_mul_kernel", xs, wg, wu, gate, m, n, k,
+                 static_cast<int>(row_groups));
+    });
+  });
+}
+
+}  // namespace specula::cuda
