@@ -42,6 +42,7 @@
 #include <utility>
 
 #include "engine/backend/cuda/cuda_backend.h"
+#include "engine/backend/cuda/cuda_launch.cuh"
 
 namespace specula::cuda {
 namespace {
@@ -278,11 +279,12 @@ __global__ void __launch_bounds__(kPartialThreads, 3)
                               const float* __restrict__ v, const int32_t* __restrict__ q_pos,
                               float* __restrict__ part_ml, float* __restrict__ part_acc,
                               AttnGeom g) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // The combine may launch now: it waits (griddepcontrol.wait) for this whole
   // grid to finish, and its memory to be visible, before reading anything.
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
+  // This kernel is itself a programmatic dependent of the kernel before it,
+  // and waits for it before touching anything.
+  pdl_launch_dependents();
+  pdl_wait();
   extern __shared__ float4 smem[];
   float* sK = reinterpret_cast<float*>(smem);          // [kChunk][ld] keys of the chunk
   float* sV = sK + kChunk * g.ld;                      // [kChunk][ld] values
@@ -413,11 +415,11 @@ __global__ void __launch_bounds__(kCombineThreads)
     attention_combine_kernel(const int32_t* __restrict__ q_pos, const float* __restrict__ part_ml,
                              const float* __restrict__ part_acc, float* __restrict__ out,
                              AttnGeom g) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the partials kernel: wait for it
-  // (a no-op when launched without the attribute).
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+  // (a no-op when launched without the attribute). It does not let the kernel
+  // after it start early: measured on an H200, that made batch-8 decode steps
+  // of the 31B shape 40% slower (30.2 -> 42.4 ms) for a 0.3 ms gain at batch 1.
+  pdl_wait();
   static_assert(kCombineWarps == 8, "the fixed sum tree below adds 8 warp sums");
   __shared__ float s_red[kCombineWarps][kMaxHeadDim];
   const int lane = static_cast<int>(threadIdx.x) & 31;
@@ -514,9 +516,9 @@ void launch_partials(const float* q, const float* k, const float* v, const int32
   const int64_t pairs = int64_t{g.s} * g.group;
   const dim3 grid(static_cast<unsigned>(n_chunks), static_cast<unsigned>(g.n_kv),
                   static_cast<unsigned>((pairs + g.pair_tile - 1) / g.pair_tile));
-  attention_partials_kernel<<<grid, kPartialThreads, partials_smem_bytes(g.d, g.pair_tile),
-                              stream>>>(q, k, v, q_pos, part_ml, part_acc, g);
-  check_cuda(cudaGetLastError(), "attention_partials_kernel");
+  launch_pdl(attention_partials_kernel, grid, dim3(kPartialThreads),
+             partials_smem_bytes(g.d, g.pair_tile), stream, "attention_partials_kernel", q, k, v,
+             q_pos, part_ml, part_acc, g);
 }
 
 // One combine block per (query, head) row; `after_partials`: launched as a

@@ -20,6 +20,7 @@
 
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/backend/cuda/cuda_device_common.cuh"
+#include "engine/backend/cuda/cuda_launch.cuh"
 #include "engine/ops/uniform_hash.h"
 
 namespace specula::cuda {
@@ -131,7 +132,11 @@ __device__ __forceinline__ float block_max(float v, float* partials) {
 template <DType kDt, int kGroup>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const float* x, const void* weight, float eps, float* out, int64_t rows,
-                    int64_t d, float* residual = nullptr, float post_scale = 1.0f) {
+                    int64_t d, float* residual, float post_scale) {
+  // A programmatic dependent (launch_pdl): waits for its predecessor before
+  // touching anything, and lets the next kernel start its prologue.
+  pdl_launch_dependents();
+  pdl_wait();
   constexpr int kRowsPerBlock = kThreads / kGroup;
   __shared__ double partials[kThreads / 32];
   const int lane = threadIdx.x % kGroup;
@@ -421,14 +426,15 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, con
     constexpr DType kDt = decltype(tag)::value;
     if (d <= kWarpRowMax) {
       constexpr int kRowsPerBlock = kThreads / 32;
-      rms_norm_kernel<kDt, 32><<<grid_for(rows, kRowsPerBlock), kThreads, 0, stream()>>>(
-          x.data_as<const float>(), weight.data(), eps, out.data_as<float>(), rows, d);
+      launch_pdl(rms_norm_kernel<kDt, 32>, grid_for(rows, kRowsPerBlock), kThreads, 0, stream(),
+                 "rms_norm_kernel", x.data_as<const float>(), weight.data(), eps,
+                 out.data_as<float>(), rows, d, static_cast<float*>(nullptr), 1.0f);
     } else {
-      rms_norm_kernel<kDt, kThreads><<<grid_for(rows, 1), kThreads, 0, stream()>>>(
-          x.data_as<const float>(), weight.data(), eps, out.data_as<float>(), rows, d);
+      launch_pdl(rms_norm_kernel<kDt, kThreads>, grid_for(rows, 1), kThreads, 0, stream(),
+                 "rms_norm_kernel", x.data_as<const float>(), weight.data(), eps,
+                 out.data_as<float>(), rows, d, static_cast<float*>(nullptr), 1.0f);
     }
   });
-  check_cuda(cudaGetLastError(), "rms_norm_kernel");
 }
 
 // residual = (residual + rms_norm(x)·weight) · post_scale in one kernel (x is
@@ -460,16 +466,15 @@ void CudaBackend::rms_norm_add(const Tensor& x, const Tensor& weight, float eps,
     constexpr DType kDt = decltype(tag)::value;
     if (d <= kWarpRowMax) {
       constexpr int kRowsPerBlock = kThreads / 32;
-      rms_norm_kernel<kDt, 32><<<grid_for(rows, kRowsPerBlock), kThreads, 0, stream()>>>(
-          x.data_as<const float>(), weight.data(), eps, nullptr, rows, d, residual.data_as<float>(),
-          post_scale);
+      launch_pdl(rms_norm_kernel<kDt, 32>, grid_for(rows, kRowsPerBlock), kThreads, 0, stream(),
+                 "rms_norm_kernel (add)", x.data_as<const float>(), weight.data(), eps,
+                 static_cast<float*>(nullptr), rows, d, residual.data_as<float>(), post_scale);
     } else {
-      rms_norm_kernel<kDt, kThreads><<<grid_for(rows, 1), kThreads, 0, stream()>>>(
-          x.data_as<const float>(), weight.data(), eps, nullptr, rows, d, residual.data_as<float>(),
-          post_scale);
+      launch_pdl(rms_norm_kernel<kDt, kThreads>, grid_for(rows, 1), kThreads, 0, stream(),
+                 "rms_norm_kernel (add)", x.data_as<const float>(), weight.data(), eps,
+                 static_cast<float*>(nullptr), rows, d, residual.data_as<float>(), post_scale);
     }
   });
-  check_cuda(cudaGetLastError(), "rms_norm_kernel (add)");
 }
 
 // Rotate-half RoPE in place. x f32 [M, heads, D]; positions i32 [M] and

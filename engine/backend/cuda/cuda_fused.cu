@@ -17,6 +17,7 @@
 
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/backend/cuda/cuda_device_common.cuh"
+#include "engine/backend/cuda/cuda_launch.cuh"
 
 namespace specula::cuda {
 namespace {
@@ -38,13 +39,13 @@ unsigned grid_for(int64_t n, int per_block) {
   return b < kMaxBlocks ? b : kMaxBlocks;
 }
 
-// Lets a following kernel launched with programmatic dependent launch start its
-// prologue now; it still waits (griddepcontrol.wait) for this grid's results,
-// so this never changes what anything computes.
-__device__ __forceinline__ void allow_dependents_early() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;");
-#endif
+// Every kernel here is a programmatic dependent (launch_pdl, cuda_launch.cuh)
+// that waits for its predecessor before touching anything: its launch and
+// block scheduling overlap the previous kernel's tail, and it lets the next
+// kernel do the same. Neither changes what anything computes.
+__device__ __forceinline__ void pdl_enter() {
+  pdl_launch_dependents();
+  pdl_wait();
 }
 
 // ---- store_kv ----
@@ -57,7 +58,7 @@ __global__ void __launch_bounds__(kThreads)
     store_kv_kernel(const T* __restrict__ k, const T* __restrict__ v,
                     const int32_t* __restrict__ positions, T* __restrict__ cache_k,
                     T* __restrict__ cache_v, int64_t rows, int64_t row_vecs, int64_t cache_rows) {
-  allow_dependents_early();
+  pdl_enter();
   const int64_t total = rows * row_vecs;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(kThreads)
     rms_norm_add_norm_kernel(const float* x, const void* weight, float eps, float* residual,
                              float post_scale, const void* next_weight, float* next_out,
                              int64_t rows, int64_t d) {
-  allow_dependents_early();
+  pdl_enter();
   constexpr int kRowsPerBlock = kThreads / kGroup;
   __shared__ double partials[kThreads / 32];
   const int lane = threadIdx.x % kGroup;
@@ -209,7 +210,7 @@ __device__ __forceinline__ void write_norm_rope(const float (&vals)[kPerLane], f
 // __syncwarp is used, so warps of a block may take different branches.
 template <DType kQ, DType kK>
 __global__ void __launch_bounds__(kThreads) attention_inputs_kernel(AttnInputsArgs a) {
-  allow_dependents_early();
+  pdl_enter();
   __shared__ float rows_smem[kWarps][kMaxHeadDim];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -287,17 +288,16 @@ void CudaBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& posit
                     aligned16(cache_k.data()) && aligned16(cache_v.data());
   if (vec4) {
     const int64_t row_vecs = dims.row_floats / 4;
-    store_kv_kernel<float4><<<grid_for(dims.rows * row_vecs, kThreads), kThreads, 0, stream()>>>(
-        k.data_as<const float4>(), v.data_as<const float4>(), positions.data_as<const int32_t>(),
-        cache_k.data_as<float4>(), cache_v.data_as<float4>(), dims.rows, row_vecs, dims.cache_rows);
+    launch_pdl(store_kv_kernel<float4>, grid_for(dims.rows * row_vecs, kThreads), kThreads, 0,
+               stream(), "store_kv_kernel", k.data_as<const float4>(), v.data_as<const float4>(),
+               positions.data_as<const int32_t>(), cache_k.data_as<float4>(),
+               cache_v.data_as<float4>(), dims.rows, row_vecs, dims.cache_rows);
   } else {
-    store_kv_kernel<float>
-        <<<grid_for(dims.rows * dims.row_floats, kThreads), kThreads, 0, stream()>>>(
-            k.data_as<const float>(), v.data_as<const float>(), positions.data_as<const int32_t>(),
-            cache_k.data_as<float>(), cache_v.data_as<float>(), dims.rows, dims.row_floats,
-            dims.cache_rows);
+    launch_pdl(store_kv_kernel<float>, grid_for(dims.rows * dims.row_floats, kThreads), kThreads, 0,
+               stream(), "store_kv_kernel", k.data_as<const float>(), v.data_as<const float>(),
+               positions.data_as<const int32_t>(), cache_k.data_as<float>(),
+               cache_v.data_as<float>(), dims.rows, dims.row_floats, dims.cache_rows);
   }
-  check_cuda(cudaGetLastError(), "store_kv_kernel");
 }
 
 // rms_norm_add(x, weight, eps, residual, post_scale) then
@@ -347,17 +347,18 @@ void CudaBackend::rms_norm_add_norm(const Tensor& x, const Tensor& weight, float
       constexpr DType kW = decltype(wtag)::value;
       constexpr DType kN = decltype(ntag)::value;
       if (d <= kWarpRowMax) {
-        rms_norm_add_norm_kernel<kW, kN, 32><<<grid_for(rows, kWarps), kThreads, 0, stream()>>>(
-            x.data_as<const float>(), weight.data(), eps, residual.data_as<float>(), post_scale,
-            next_weight.data(), next_out.data_as<float>(), rows, d);
+        launch_pdl(rms_norm_add_norm_kernel<kW, kN, 32>, grid_for(rows, kWarps), kThreads, 0,
+                   stream(), "rms_norm_add_norm_kernel", x.data_as<const float>(), weight.data(),
+                   eps, residual.data_as<float>(), post_scale, next_weight.data(),
+                   next_out.data_as<float>(), rows, d);
       } else {
-        rms_norm_add_norm_kernel<kW, kN, kThreads><<<grid_for(rows, 1), kThreads, 0, stream()>>>(
-            x.data_as<const float>(), weight.data(), eps, residual.data_as<float>(), post_scale,
-            next_weight.data(), next_out.data_as<float>(), rows, d);
+        launch_pdl(rms_norm_add_norm_kernel<kW, kN, kThreads>, grid_for(rows, 1), kThreads, 0,
+                   stream(), "rms_norm_add_norm_kernel", x.data_as<const float>(), weight.data(),
+                   eps, residual.data_as<float>(), post_scale, next_weight.data(),
+                   next_out.data_as<float>(), rows, d);
       }
     });
   });
-  check_cuda(cudaGetLastError(), "rms_norm_add_norm_kernel");
 }
 
 // See AttentionInputsParams (engine/ops/backend.h). One launch of 256-thread
@@ -431,10 +432,10 @@ void CudaBackend::attention_inputs(const AttentionInputsParams& p) {
     with_float_dtype(kdt, [&](auto ktag) {
       constexpr DType kQ = decltype(qtag)::value;
       constexpr DType kK = decltype(ktag)::value;
-      attention_inputs_kernel<kQ, kK><<<grid_for(total_rows, kWarps), kThreads, 0, stream()>>>(a);
+      launch_pdl(attention_inputs_kernel<kQ, kK>, grid_for(total_rows, kWarps), kThreads, 0,
+                 stream(), "attention_inputs_kernel", a);
     });
   });
-  check_cuda(cudaGetLastError(), "attention_inputs_kernel");
 }
 
 }  // namespace specula::cuda

@@ -18,7 +18,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
-#include <utility>
 #include <vector>
 
 #include "engine/backend/cuda/cuda_backend.h"
@@ -70,31 +69,45 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// Raises a kernel's dynamic shared memory limit to `bytes` once per device.
+// Raises a kernel's dynamic shared memory limit to at least `bytes` (never
+// lowers it: a kernel may be launched with several sizes).
 inline void allow_dynamic_smem(const void* kernel, size_t bytes, const char* name) {
+  struct Raised {
+    const void* kernel;
+    int device;
+    size_t bytes;
+  };
   static std::mutex mutex;
-  static std::vector<std::pair<const void*, int>> done;
+  static std::vector<Raised> raised;
   int device = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");
   std::lock_guard<std::mutex> lock(mutex);
-  for (const auto& [k, d] : done) {
-    if (k == kernel && d == device) return;
+  Raised* entry = nullptr;
+  for (Raised& r : raised) {
+    if (r.kernel == kernel && r.device == device) entry = &r;
   }
+  if (entry == nullptr) {  // first sight: start from the limit already set
+    cudaFuncAttributes attributes{};
+    check_cuda(cudaFuncGetAttributes(&attributes, kernel), name);
+    raised.push_back({kernel, device, static_cast<size_t>(attributes.maxDynamicSharedSizeBytes)});
+    entry = &raised.back();
+  }
+  if (entry->bytes >= bytes) return;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(bytes)),
              name);
-  done.emplace_back(kernel, device);
+  entry->bytes = bytes;
 }
 
-// Launches `kernel` with `blocks` x `threads` and `smem` dynamic shared memory
-// on `stream`, as a programmatic dependent of the previous kernel when kUsePdl.
+// Launches `kernel` on `grid` x `block` with `smem` dynamic shared memory on
+// `stream`, as a programmatic dependent of the previous kernel when kUsePdl.
 template <typename... Params, typename... Args>
-void launch_pdl(void (*kernel)(Params...), int64_t blocks, int threads, size_t smem,
-                cudaStream_t stream, const char* name, Args... args) {
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                const char* name, Args... args) {
   if (smem > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, name);
   cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(blocks));
-  cfg.blockDim = dim3(static_cast<unsigned>(threads));
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
   cudaLaunchAttribute attr{};
@@ -104,6 +117,14 @@ void launch_pdl(void (*kernel)(Params...), int64_t blocks, int threads, size_t s
   cfg.numAttrs = kUsePdl ? 1 : 0;
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...), name);
   check_cuda(cudaGetLastError(), name);
+}
+
+// The same for a one-dimensional grid of `blocks` blocks of `threads`.
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), int64_t blocks, int threads, size_t smem,
+                cudaStream_t stream, const char* name, Args... args) {
+  launch_pdl(kernel, dim3(static_cast<unsigned>(blocks)), dim3(static_cast<unsigned>(threads)),
+             smem, stream, name, args...);
 }
 
 }  // namespace specula::cuda

@@ -61,6 +61,14 @@ __device__ __forceinline__ uint4 load_w8_checked(const bf16* row, int64_t k, int
   return make_uint4(words[0], words[1], words[2], words[3]);
 }
 
+// Eight activations at p (16-byte aligned).
+__device__ __forceinline__ void load_x8(const float* p, float (&v)[8]) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(p));
+  const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+  v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+
 // ---- the exact three-term split ----
 
 __device__ __forceinline__ uint32_t as_bits(__nv_bfloat162 v) {
@@ -188,6 +196,13 @@ template <int KS, int CT, int PS>
 constexpr size_t pipe_bytes() {
   return static_cast<size_t>(PS) * CT * 2 * KS * 32 * sizeof(uint4);
 }
+// Single-row products split x themselves (no split kernel on the decode path),
+// kSplitGroup steps at a time, into a per-warp stage after the pipeline.
+constexpr int kSplitGroup = 4;
+template <int KS, int CT, int PS>
+constexpr size_t dynamic_smem() {
+  return PS > 0 ? pipe_bytes<KS, CT, PS>() + size_t{KS} * kSplitGroup * 4 * 3 * sizeof(uint4) : 0;
+}
 
 // Blocks per SM the register budget must allow: enough for one wave of the
 // model's narrow products (336 blocks for N = 5376) at single tiles.
@@ -200,7 +215,8 @@ constexpr int min_blocks() {
 // weight tile c (wrow[c][0] = the lane's row g, wrow[c][1] = row g + 8) and row
 // tile j (xrow[j] = chunk 0 of the lane's activation row g of tile j in
 // x_split; padding rows past M point at a real row, and their results are
-// never written). Only weights are loaded before pdl_wait().
+// never written). Single-row products (PS > 0) read x_row, the f32 row, and
+// split it themselves instead. Only weights are loaded before pdl_wait().
 //
 // Steps whose 32 elements all lie below K ("full" steps) take unchecked
 // 16-byte weight loads (pipeline or ring); the one partial step at the end of
@@ -209,8 +225,8 @@ constexpr int min_blocks() {
 // the same mma_step in increasing step order, so the loads never change the sums.
 template <int KS, int CT, int NT, bool kVec, int PS>
 __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
-                                              const uint4* const (&xrow)[NT], int64_t k_dim,
-                                              float (&acc)[CT][NT][4]) {
+                                              const uint4* const (&xrow)[NT], const float* x_row,
+                                              int64_t k_dim, float (&acc)[CT][NT][4]) {
   constexpr int kThreads = KS * 32;
   constexpr int kChunksPerStep = kStepK / 8;
   const int warp = static_cast<int>(threadIdx.x >> 5);
@@ -272,16 +288,37 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
       cp_async_commit();
     }
     pdl_wait();
+    // x is one row (decode) and split here, without the split kernel: every 4
+    // steps, lane (g < 4, t) splits chunk t of step i + g into the warp's
+    // stage, from which all lanes then read (one row: every n8 slot gets row 0).
+    uint4* stage_x = pipe_smem + pipe_bytes<KS, CT, PS>() / sizeof(uint4) +
+                     static_cast<int>(threadIdx.x >> 5) * kSplitGroup * 4 * 3;
+    const int g = static_cast<int>((threadIdx.x & 31u) >> 2);
     for (int64_t i = 0; i < full; ++i) {
+      if (i % kSplitGroup == 0) {
+        __syncwarp();  // the previous group's stage has been read
+        if (g < kSplitGroup && i + g < full) {
+          float xv[8];
+          load_x8(x_row + (s_begin + i + g) * kStepK + 8 * t, xv);
+          const SplitX sx = split_x(xv);
+          uint4* dst = stage_x + (g * 4 + t) * 3;
+          dst[0] = make_uint4(sx.hi[0], sx.hi[1], sx.hi[2], sx.hi[3]);
+          dst[1] = make_uint4(sx.mid[0], sx.mid[1], sx.mid[2], sx.mid[3]);
+          dst[2] = make_uint4(sx.lo[0], sx.lo[1], sx.lo[2], sx.lo[3]);
+        }
+        __syncwarp();
+      }
       cp_async_wait<PS - 1>();  // group i (step i) has landed
       const int stage = static_cast<int>(i % PS);
-      uint4 w[CT][2];
+      const uint4* xs = stage_x + (static_cast<int>(i % kSplitGroup) * 4 + t) * 3;
+      const SplitX split{{xs[0].x, xs[0].y, xs[0].z, xs[0].w},
+                         {xs[1].x, xs[1].y, xs[1].z, xs[1].w},
+                         {xs[2].x, xs[2].y, xs[2].z, xs[2].w}};
 #pragma unroll
       for (int c = 0; c < CT; ++c) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) w[c][h] = pipe[((stage * CT + c) * 2 + h) * kThreads];
+        mma_step(acc[c][0], pipe[((stage * CT + c) * 2 + 0) * kThreads],
+                 pipe[((stage * CT + c) * 2 + 1) * kThreads], split);
       }
-      compute(w, i);
       // The stage is free once read: refill it with step i + PS.
       if (i + PS < full) issue(i + PS);
       cp_async_commit();
@@ -334,7 +371,15 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
     }
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
-      const SplitX split = load_split(xrow[j] + (s * kChunksPerStep + t) * 3);
+      SplitX split;
+      if constexpr (PS > 0) {
+        float xv[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) xv[e] = k + e < k_dim ? x_row[k + e] : 0.0f;
+        split = split_x(xv);
+      } else {
+        split = load_split(xrow[j] + (s * kChunksPerStep + t) * 3);
+      }
 #pragma unroll
       for (int c = 0; c < CT; ++c) mma_step(acc[c][j], w[c][0], w[c][1], split);
     }
@@ -425,9 +470,9 @@ __device__ __forceinline__ void store_tile(const Combine<KS, CT, NT>& sh, float*
 // the row group fastest so that blocks streaming the same weights run together.
 template <int KS, int CT, int NT, bool kVec, int PS>
 __global__ void __launch_bounds__(KS * 32, min_blocks<KS, CT, NT>())
-    mma_linear_kernel(const uint4* __restrict__ x, const bf16* __restrict__ w,
-                      float* __restrict__ y, int64_t m_rows, int64_t n_cols, int64_t k_dim,
-                      int row_groups) {
+    mma_linear_kernel(const float* __restrict__ xf, const uint4* __restrict__ x,
+                      const bf16* __restrict__ w, float* __restrict__ y, int64_t m_rows,
+                      int64_t n_cols, int64_t k_dim, int row_groups) {
   pdl_launch_dependents();
   __shared__ Combine<KS, CT, NT> sh;
   const int group = static_cast<int>(blockIdx.x % static_cast<unsigned>(row_groups));
@@ -440,7 +485,7 @@ __global__ void __launch_bounds__(KS * 32, min_blocks<KS, CT, NT>())
   const uint4* xrow[NT];
   lane_x_rows<NT>(x, m0, m_rows, k_dim, xrow);
   float acc[CT][NT][4];
-  warp_partials<KS, CT, NT, kVec, PS>(wrow, xrow, k_dim, acc);
+  warp_partials<KS, CT, NT, kVec, PS>(wrow, xrow, xf + m0 * k_dim, k_dim, acc);
   publish(sh, acc);
   store_tile(sh, y, m0, m_rows, n0, n_cols);
 }
@@ -460,8 +505,8 @@ struct MultiOuts {
 // tile is computed as there.
 template <int KS, int NT, int PS>
 __global__ void __launch_bounds__(KS * 32, min_blocks<KS, 1, NT>())
-    mma_multi_kernel(const uint4* __restrict__ x, MultiOuts outs, int64_t m_rows, int64_t k_dim,
-                     int row_groups) {
+    mma_multi_kernel(const float* __restrict__ xf, const uint4* __restrict__ x, MultiOuts outs,
+                     int64_t m_rows, int64_t k_dim, int row_groups) {
   pdl_launch_dependents();
   __shared__ Combine<KS, 1, NT> sh;
   const int b = static_cast<int>(blockIdx.x);
@@ -487,7 +532,7 @@ __global__ void __launch_bounds__(KS * 32, min_blocks<KS, 1, NT>())
   const uint4* xrow[NT];
   lane_x_rows<NT>(x, m0, m_rows, k_dim, xrow);
   float acc[1][NT][4];
-  warp_partials<KS, 1, NT, true, PS>(wrow, xrow, k_dim, acc);
+  warp_partials<KS, 1, NT, true, PS>(wrow, xrow, xf + m0 * k_dim, k_dim, acc);
   publish(sh, acc);
   store_tile(sh, y, m0, m_rows, n0, n_cols);
 }
@@ -496,9 +541,10 @@ __global__ void __launch_bounds__(KS * 32, min_blocks<KS, 1, NT>())
 // tile 1 the same 16 up columns, so one thread combines both sums of a cell.
 template <int KS, int NT, bool kVec, int PS>
 __global__ void __launch_bounds__(KS * 32, min_blocks<KS, 2, NT>())
-    mma_gelu_mul_kernel(const uint4* __restrict__ x, const bf16* __restrict__ w_gate,
-                        const bf16* __restrict__ w_up, float* __restrict__ gate, int64_t m_rows,
-                        int64_t n_cols, int64_t k_dim, int row_groups) {
+    mma_gelu_mul_kernel(const float* __restrict__ xf, const uint4* __restrict__ x,
+                        const bf16* __restrict__ w_gate, const bf16* __restrict__ w_up,
+                        float* __restrict__ gate, int64_t m_rows, int64_t n_cols, int64_t k_dim,
+                        int row_groups) {
   pdl_launch_dependents();
   __shared__ Combine<KS, 2, NT> sh;
   const int group = static_cast<int>(blockIdx.x % static_cast<unsigned>(row_groups));
@@ -511,7 +557,7 @@ __global__ void __launch_bounds__(KS * 32, min_blocks<KS, 2, NT>())
   const uint4* xrow[NT];
   lane_x_rows<NT>(x, m0, m_rows, k_dim, xrow);
   float acc[2][NT][4];
-  warp_partials<KS, 2, NT, kVec, PS>(wrow, xrow, k_dim, acc);
+  warp_partials<KS, 2, NT, kVec, PS>(wrow, xrow, xf + m0 * k_dim, k_dim, acc);
   publish(sh, acc);
   for (int idx = static_cast<int>(threadIdx.x); idx < NT * 4 * 32; idx += KS * 32) {
     const int e = idx >> 5;  // entry of tile 0; tile 1's is e + NT·4
@@ -560,13 +606,19 @@ void with_shape(int64_t m, int64_t n, F&& f) {
   }
 }
 
+// Whether a product takes the decode path (pipeline, x split in the kernel):
+// one row, 16-byte weight loads and an aligned x.
+bool decode_path(const float* x, int64_t m, bool vec) {
+  return m == 1 && vec && aligned16(x);
+}
+
 // Calls f(kVec, PS) as integral constants: kVec when `vec` (16-byte weight
-// loads); PS, the pipeline steps, for single-row products on the vector path.
+// loads); PS, the pipeline steps, on the decode path, else 0.
 template <int CT, int NT, typename F>
-void with_paths(int64_t m, bool vec, F&& f) {
+void with_paths(bool vec, bool decode, F&& f) {
   if (!vec) return f(std::false_type{}, std::integral_constant<int, 0>{});
   if constexpr (NT == 1) {
-    if (m == 1) return f(std::true_type{}, std::integral_constant<int, kDecodePipeSteps<CT>>{});
+    if (decode) return f(std::true_type{}, std::integral_constant<int, kDecodePipeSteps<CT>>{});
   }
   return f(std::true_type{}, std::integral_constant<int, 0>{});
 }
@@ -601,7 +653,9 @@ size_t mma_split_bytes(int64_t m, int64_t k) {
 
 void mma_linear(const float* x, void* x_split, const void* w, float* y, int64_t m, int64_t n,
                 int64_t k, cudaStream_t stream) {
-  launch_split(x, x_split, m, k, stream);
+  const bool vec = vec_path(w, k);
+  const bool decode = decode_path(x, m, vec);
+  if (!decode) launch_split(x, x_split, m, k, stream);
   const auto* xs = static_cast<const uint4*>(x_split);
   const auto* wb = static_cast<const bf16*>(w);
   constexpr int CT = 1;
@@ -611,11 +665,12 @@ void mma_linear(const float* x, void* x_split, const void* w, float* y, int64_t 
     const int64_t row_groups = (m + kTileRows * NT - 1) / (kTileRows * NT);
     const int64_t blocks =
         checked_blocks((n + kTileCols * CT - 1) / (kTileCols * CT), row_groups, "linear");
-    with_paths<CT, NT>(m, vec_path(w, k), [&](auto vec, auto ps) {
-      constexpr bool kVec = decltype(vec)::value;
+    with_paths<CT, NT>(vec, decode, [&](auto vec_c, auto ps) {
+      constexpr bool kVec = decltype(vec_c)::value;
       constexpr int PS = decltype(ps)::value;
-      launch_pdl(mma_linear_kernel<KS, CT, NT, kVec, PS>, blocks, KS * 32, pipe_bytes<KS, CT, PS>(),
-                 stream, "mma_linear_kernel", xs, wb, y, m, n, k, static_cast<int>(row_groups));
+      launch_pdl(mma_linear_kernel<KS, CT, NT, kVec, PS>, blocks, KS * 32,
+                 dynamic_smem<KS, CT, PS>(), stream, "mma_linear_kernel", x, xs, wb, y, m, n, k,
+                 static_cast<int>(row_groups));
     });
   });
 }
@@ -632,7 +687,8 @@ void mma_linear_multi(const float* x, void* x_split, std::span<const MmaOut> out
     }
     return;
   }
-  launch_split(x, x_split, m, k, stream);
+  const bool decode = decode_path(x, m, true);
+  if (!decode) launch_split(x, x_split, m, k, stream);
   const auto* xs = static_cast<const uint4*>(x_split);
   with_shape(m, outs[0].n, [&](auto nt, auto ks) {
     constexpr int NT = decltype(nt)::value;
@@ -642,10 +698,10 @@ void mma_linear_multi(const float* x, void* x_split, std::span<const MmaOut> out
     int64_t blocks = 0;
     const auto flush = [&] {
       if (batch.count == 0) return;
-      with_paths<1, NT>(m, true, [&](auto, auto ps) {
+      with_paths<1, NT>(true, decode, [&](auto, auto ps) {
         constexpr int PS = decltype(ps)::value;
-        launch_pdl(mma_multi_kernel<KS, NT, PS>, blocks, KS * 32, pipe_bytes<KS, 1, PS>(), stream,
-                   "mma_multi_kernel", xs, batch, m, k, static_cast<int>(row_groups));
+        launch_pdl(mma_multi_kernel<KS, NT, PS>, blocks, KS * 32, dynamic_smem<KS, 1, PS>(), stream,
+                   "mma_multi_kernel", x, xs, batch, m, k, static_cast<int>(row_groups));
       });
       batch = MultiOuts{};
       blocks = 0;
@@ -668,7 +724,9 @@ void mma_linear_multi(const float* x, void* x_split, std::span<const MmaOut> out
 
 void mma_linear_gelu_mul(const float* x, void* x_split, const void* w_gate, const void* w_up,
                          float* gate, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
-  launch_split(x, x_split, m, k, stream);
+  const bool vec = vec_path(w_gate, k) && vec_path(w_up, k);
+  const bool decode = decode_path(x, m, vec);
+  if (!decode) launch_split(x, x_split, m, k, stream);
   const auto* xs = static_cast<const uint4*>(x_split);
   const auto* wg = static_cast<const bf16*>(w_gate);
   const auto* wu = static_cast<const bf16*>(w_up);
@@ -678,11 +736,11 @@ void mma_linear_gelu_mul(const float* x, void* x_split, const void* w_gate, cons
     const int64_t row_groups = (m + kTileRows * NT - 1) / (kTileRows * NT);
     const int64_t blocks =
         checked_blocks((n + kTileCols - 1) / kTileCols, row_groups, "linear_gelu_mul");
-    with_paths<2, NT>(m, vec_path(w_gate, k) && vec_path(w_up, k), [&](auto vec, auto ps) {
-      constexpr bool kVec = decltype(vec)::value;
+    with_paths<2, NT>(vec, decode, [&](auto vec_c, auto ps) {
+      constexpr bool kVec = decltype(vec_c)::value;
       constexpr int PS = decltype(ps)::value;
-      launch_pdl(mma_gelu_mul_kernel<KS, NT, kVec, PS>, blocks, KS * 32, pipe_bytes<KS, 2, PS>(),
-                 stream, "mma_gelu_mul_kernel", xs, wg, wu, gate, m, n, k,
+      launch_pdl(mma_gelu_mul_kernel<KS, NT, kVec, PS>, blocks, KS * 32, dynamic_smem<KS, 2, PS>(),
+                 stream, "mma_gelu_mul_kernel", x, xs, wg, wu, gate, m, n, k,
                  static_cast<int>(row_groups));
     });
   });
