@@ -297,6 +297,45 @@ TEST(CudaLinearTensorCore, KTailsNeverReadAnEarlierProductsScratch) {
   }
 }
 
+// Single-row products of grids larger than three blocks per SM take a shorter
+// pipeline (more blocks per SM); the bits must be those of the same row in a
+// several-row call, for linear and for the fused q/k/v-shaped launch.
+TEST(CudaLinearTensorCore, WideDecodeGridsKeepTheBits) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t k = 512;
+  const int64_t ns[3] = {8192, 4096, 4096};  // 1,024 blocks of 16 columns
+  Twin x(DType::kF32, {3, k});
+  x.randomize(81);
+  Twin x1(DType::kF32, {1, k});
+  std::memcpy(x1.host.data<float>(), x.host.data<float>() + k, static_cast<size_t>(k) * 4);
+  x1.push();
+  std::vector<Twin> ws;
+  for (int i = 0; i < 3; ++i) {
+    ws.emplace_back(DType::kBF16, Shape{ns[i], k});
+    ws.back().randomize(82 + i, -0.5f, 0.5f);
+  }
+  std::vector<Twin> one, three;
+  for (int i = 0; i < 3; ++i) {
+    one.push_back(poisoned_output({1, ns[i]}));
+    three.push_back(poisoned_output({3, ns[i]}));
+  }
+  const LinearOut outs[3] = {
+      {ws[0].dev, one[0].dev}, {ws[1].dev, one[1].dev}, {ws[2].dev, one[2].dev}};
+  gpu_be().linear_multi(x1.dev, outs);
+  for (int i = 0; i < 3; ++i) gpu_be().linear(x.dev, ws[i].dev, three[i].dev);
+  for (int i = 0; i < 3; ++i) {
+    const HostTensor got = one[i].pull();
+    const HostTensor rows = three[i].pull();
+    EXPECT_TRUE(same_bits(got.data<float>(), rows.data<float>() + ns[i], ns[i])) << "output " << i;
+    HostTensor want(DType::kF32, {1, ns[i]});
+    cpu_be().linear(x1.host, ws[i].host, want);
+    expect_close(got, want, kInvariantTol, "wide decode grid vs cpu");
+    Twin single = poisoned_output({1, ns[i]});
+    gpu_be().linear(x1.dev, ws[i].dev, single.dev);
+    EXPECT_TRUE(same_bits(single.pull().data<float>(), got.data<float>(), ns[i])) << "output " << i;
+  }
+}
+
 // The cuBLASLt path is deterministic for a given shape and, once warm, allocates nothing.
 TEST(CudaLinearPrefill, DeterministicAndAllocationFree) {
   SKIP_WITHOUT_CUDA();

@@ -15,6 +15,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -99,12 +100,29 @@ inline void allow_dynamic_smem(const void* kernel, size_t bytes, const char* nam
   entry->bytes = bytes;
 }
 
+// Streaming multiprocessors of the current device (cached per device).
+inline int sm_count() {
+  static std::atomic<int> counts[64];
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  std::atomic<int>& slot = counts[device >= 0 && device < 64 ? device : 0];
+  int n = slot.load(std::memory_order_relaxed);
+  if (n == 0) {
+    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
+               "cudaDeviceGetAttribute(multiProcessorCount)");
+    slot.store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
 // Launches `kernel` on `grid` x `block` with `smem` dynamic shared memory on
 // `stream`, as a programmatic dependent of the previous kernel when kUsePdl.
 template <typename... Params, typename... Args>
 void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
                 const char* name, Args... args) {
-  if (smem > 48 * 1024) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, name);
+  // Static shared memory counts against the default 48 KB as well, so any
+  // dynamic request goes through the (cached) limit check.
+  if (smem > 0) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, name);
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;

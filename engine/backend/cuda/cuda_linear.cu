@@ -591,21 +591,6 @@ void launch_invariant_kernel(void (*kernel)(Params...), int64_t blocks, size_t s
   launch_pdl(kernel, blocks, kThreads, smem, stream, name, args...);
 }
 
-// Streaming multiprocessors of the current device (cached per device).
-int sm_count() {
-  static std::atomic<int> counts[64];
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  std::atomic<int>& slot = counts[device >= 0 && device < 64 ? device : 0];
-  int n = slot.load(std::memory_order_relaxed);
-  if (n == 0) {
-    check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
-               "cudaDeviceGetAttribute(multiProcessorCount)");
-    slot.store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
 // Calls f(std::integral_constant<int, S>{}) with the pipeline stages for a
 // launch of `blocks` blocks: 0 (register path) unless single-row 16-bit
 // vectorised; else the deepest of 8, 6 and 3 stages that keeps every block

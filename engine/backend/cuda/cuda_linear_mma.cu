@@ -192,6 +192,10 @@ constexpr int ring_steps() {
 // the ring (PS = 0). Where the weights wait never changes the sums.
 template <int CT>
 constexpr int kDecodePipeSteps = 8 / CT;
+// Grids of single tiles larger than three blocks per SM (q/k/v: 1,024 blocks
+// at 31B) take 5 steps instead, so that four 8-warp blocks fit an SM and the
+// grid runs in fewer, fuller waves.
+constexpr int kDecodePipeStepsWide = 5;
 template <int KS, int CT, int PS>
 constexpr size_t pipe_bytes() {
   return static_cast<size_t>(PS) * CT * 2 * KS * 32 * sizeof(uint4);
@@ -205,9 +209,11 @@ constexpr size_t dynamic_smem() {
 }
 
 // Blocks per SM the register budget must allow: enough for one wave of the
-// model's narrow products (336 blocks for N = 5376) at single tiles.
-template <int KS, int CT, int NT>
+// model's narrow products (336 blocks for N = 5376) at single tiles, and four
+// 8-warp blocks with the short pipeline of large grids.
+template <int KS, int CT, int NT, int PS>
 constexpr int min_blocks() {
+  if constexpr (PS == kDecodePipeStepsWide) return 4;
   return (CT * NT == 1 ? 3 : 2) * (8 / KS);
 }
 
@@ -270,8 +276,7 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
     // pipe[((stage · CT + c) · 2 + h) · kThreads].
     extern __shared__ uint4 pipe_smem[];
     uint4* pipe = pipe_smem + threadIdx.x;
-    const auto issue = [&](int64_t i) {
-      const int stage = static_cast<int>(i % PS);
+    const auto issue = [&](int64_t i, int stage) {
 #pragma unroll
       for (int c = 0; c < CT; ++c) {
 #pragma unroll
@@ -284,7 +289,7 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
     // included, so that group i always holds step i.
 #pragma unroll
     for (int i = 0; i < PS; ++i) {
-      if (i < full) issue(i);
+      if (i < full) issue(i, i);
       cp_async_commit();
     }
     pdl_wait();
@@ -294,6 +299,7 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
     uint4* stage_x = pipe_smem + pipe_bytes<KS, CT, PS>() / sizeof(uint4) +
                      static_cast<int>(threadIdx.x >> 5) * kSplitGroup * 4 * 3;
     const int g = static_cast<int>((threadIdx.x & 31u) >> 2);
+    int stage = 0;  // i % PS
     for (int64_t i = 0; i < full; ++i) {
       if (i % kSplitGroup == 0) {
         __syncwarp();  // the previous group's stage has been read
@@ -309,7 +315,6 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
         __syncwarp();
       }
       cp_async_wait<PS - 1>();  // group i (step i) has landed
-      const int stage = static_cast<int>(i % PS);
       const uint4* xs = stage_x + (static_cast<int>(i % kSplitGroup) * 4 + t) * 3;
       const SplitX split{{xs[0].x, xs[0].y, xs[0].z, xs[0].w},
                          {xs[1].x, xs[1].y, xs[1].z, xs[1].w},
@@ -320,8 +325,9 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
                  pipe[((stage * CT + c) * 2 + 1) * kThreads], split);
       }
       // The stage is free once read: refill it with step i + PS.
-      if (i + PS < full) issue(i + PS);
+      if (i + PS < full) issue(i + PS, stage);
       cp_async_commit();
+      stage = stage + 1 == PS ? 0 : stage + 1;
     }
     cp_async_wait<0>();
   } else {
@@ -469,7 +475,7 @@ __device__ __forceinline__ void store_tile(const Combine<KS, CT, NT>& sh, float*
 // y = x · wᵀ. Grid: (column block of 16·CT columns) × (row group of 8·NT rows),
 // the row group fastest so that blocks streaming the same weights run together.
 template <int KS, int CT, int NT, bool kVec, int PS>
-__global__ void __launch_bounds__(KS * 32, min_blocks<KS, CT, NT>())
+__global__ void __launch_bounds__(KS * 32, min_blocks<KS, CT, NT, PS>())
     mma_linear_kernel(const float* __restrict__ xf, const uint4* __restrict__ x,
                       const bf16* __restrict__ w, float* __restrict__ y, int64_t m_rows,
                       int64_t n_cols, int64_t k_dim, int row_groups) {
@@ -504,7 +510,7 @@ struct MultiOuts {
 // mma_linear_kernel<KS, 1, NT, true, PS> grid (all with the same KS). Every
 // tile is computed as there.
 template <int KS, int NT, int PS>
-__global__ void __launch_bounds__(KS * 32, min_blocks<KS, 1, NT>())
+__global__ void __launch_bounds__(KS * 32, min_blocks<KS, 1, NT, PS>())
     mma_multi_kernel(const float* __restrict__ xf, const uint4* __restrict__ x, MultiOuts outs,
                      int64_t m_rows, int64_t k_dim, int row_groups) {
   pdl_launch_dependents();
@@ -540,7 +546,7 @@ __global__ void __launch_bounds__(KS * 32, min_blocks<KS, 1, NT>())
 // gate = gelu_tanh(x · w_gateᵀ) ⊙ (x · w_upᵀ): weight tile 0 is 16 gate columns,
 // tile 1 the same 16 up columns, so one thread combines both sums of a cell.
 template <int KS, int NT, bool kVec, int PS>
-__global__ void __launch_bounds__(KS * 32, min_blocks<KS, 2, NT>())
+__global__ void __launch_bounds__(KS * 32, min_blocks<KS, 2, NT, PS>())
     mma_gelu_mul_kernel(const float* __restrict__ xf, const uint4* __restrict__ x,
                         const bf16* __restrict__ w_gate, const bf16* __restrict__ w_up,
                         float* __restrict__ gate, int64_t m_rows, int64_t n_cols, int64_t k_dim,
@@ -613,12 +619,20 @@ bool decode_path(const float* x, int64_t m, bool vec) {
 }
 
 // Calls f(kVec, PS) as integral constants: kVec when `vec` (16-byte weight
-// loads); PS, the pipeline steps, on the decode path, else 0.
-template <int CT, int NT, typename F>
-void with_paths(bool vec, bool decode, F&& f) {
+// loads); PS, the pipeline steps, on the decode path (fewer for large grids of
+// single 8-warp tiles, see kDecodePipeStepsWide), else 0.
+template <int KS, int CT, int NT, typename F>
+void with_paths(bool vec, bool decode, int64_t blocks, F&& f) {
   if (!vec) return f(std::false_type{}, std::integral_constant<int, 0>{});
   if constexpr (NT == 1) {
-    if (decode) return f(std::true_type{}, std::integral_constant<int, kDecodePipeSteps<CT>>{});
+    if (decode) {
+      if constexpr (KS == 8 && CT == 1) {
+        if (blocks > int64_t{3} * sm_count()) {
+          return f(std::true_type{}, std::integral_constant<int, kDecodePipeStepsWide>{});
+        }
+      }
+      return f(std::true_type{}, std::integral_constant<int, kDecodePipeSteps<CT>>{});
+    }
   }
   return f(std::true_type{}, std::integral_constant<int, 0>{});
 }
@@ -665,7 +679,7 @@ void mma_linear(const float* x, void* x_split, const void* w, float* y, int64_t 
     const int64_t row_groups = (m + kTileRows * NT - 1) / (kTileRows * NT);
     const int64_t blocks =
         checked_blocks((n + kTileCols * CT - 1) / (kTileCols * CT), row_groups, "linear");
-    with_paths<CT, NT>(vec, decode, [&](auto vec_c, auto ps) {
+    with_paths<KS, CT, NT>(vec, decode, blocks, [&](auto vec_c, auto ps) {
       constexpr bool kVec = decltype(vec_c)::value;
       constexpr int PS = decltype(ps)::value;
       launch_pdl(mma_linear_kernel<KS, CT, NT, kVec, PS>, blocks, KS * 32,
@@ -698,7 +712,7 @@ void mma_linear_multi(const float* x, void* x_split, std::span<const MmaOut> out
     int64_t blocks = 0;
     const auto flush = [&] {
       if (batch.count == 0) return;
-      with_paths<1, NT>(true, decode, [&](auto, auto ps) {
+      with_paths<KS, 1, NT>(true, decode, blocks, [&](auto, auto ps) {
         constexpr int PS = decltype(ps)::value;
         launch_pdl(mma_multi_kernel<KS, NT, PS>, blocks, KS * 32, dynamic_smem<KS, 1, PS>(), stream,
                    "mma_multi_kernel", x, xs, batch, m, k, static_cast<int>(row_groups));
@@ -736,7 +750,7 @@ void mma_linear_gelu_mul(const float* x, void* x_split, const void* w_gate, cons
     const int64_t row_groups = (m + kTileRows * NT - 1) / (kTileRows * NT);
     const int64_t blocks =
         checked_blocks((n + kTileCols - 1) / kTileCols, row_groups, "linear_gelu_mul");
-    with_paths<2, NT>(vec, decode, [&](auto vec_c, auto ps) {
+    with_paths<KS, 2, NT>(vec, decode, blocks, [&](auto vec_c, auto ps) {
       constexpr bool kVec = decltype(vec_c)::value;
       constexpr int PS = decltype(ps)::value;
       launch_pdl(mma_gelu_mul_kernel<KS, NT, kVec, PS>, blocks, KS * 32, dynamic_smem<KS, 2, PS>(),
