@@ -13,10 +13,11 @@
 // tiles); its warps each take a contiguous range of the K steps. Lane
 // (g = lane / 4, t = lane % 4) loads, per step and tile, 8 consecutive weights
 // of rows g and g + 8 at k = 32·step + 8t (one 16-byte load each) and the split
-// of the 8 activations of row g at the same k. mma.m16n8k16 pairs k indices by position in the
-// fragment, not by value, so the lane's 8 elements are fed as the fragment's
-// columns {2t, 2t+1, 2t+8, 2t+9} of two mma (words 0,1 then 2,3): A and B see
-// the same permutation of k, which leaves each dot product unchanged.
+// of the 8 activations of row g at the same k. mma.m16n8k16 pairs k indices by
+// position in the fragment, not by value, so the lane's 8 elements are fed as
+// the fragment's columns {2t, 2t+1, 2t+8, 2t+9} of two mma (words 0,1 then
+// 2,3): A and B see the same permutation of k, which leaves each dot product
+// unchanged.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -185,7 +186,7 @@ constexpr int ring_steps() {
 
 // Single-row products (decode) stream the weights through a per-lane cp.async
 // pipeline of PS steps in shared memory instead of the register ring: more
-// bytes in flight per warp (8 KB) at fewer registers. Each lane reads back
+// bytes in flight per warp (up to 8 KB) at fewer registers. Each lane reads back
 // only what it copied itself, so no barrier is needed. With more rows the
 // pipeline's shared memory leaves too little L1 for the x_split rows every
 // lane reads (measured on an H200: 5-row products lost 20-35%), so those keep
