@@ -526,20 +526,9 @@ void launch_partials(const float* q, const float* k, const float* v, const int32
 template <int NR>
 void launch_combine(const int32_t* q_pos, const float* part_ml, const float* part_acc, float* out,
                     const AttnGeom& g, bool after_partials, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(static_cast<unsigned>(int64_t{g.s} * g.n_heads));
-  cfg.blockDim = dim3(kCombineThreads);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = after_partials ? 1 : 0;
-  check_cuda(
-      cudaLaunchKernelEx(&cfg, attention_combine_kernel<NR>, q_pos, part_ml, part_acc, out, g),
-      "attention_combine_kernel");
-  check_cuda(cudaGetLastError(), "attention_combine_kernel");
+  launch_kernel(attention_combine_kernel<NR>, dim3(static_cast<unsigned>(int64_t{g.s} * g.n_heads)),
+                dim3(kCombineThreads), 0, stream, "attention_combine_kernel", after_partials, q_pos,
+                part_ml, part_acc, out, g);
 }
 
 template <int... NRs>

@@ -116,10 +116,10 @@ inline int sm_count() {
 }
 
 // Launches `kernel` on `grid` x `block` with `smem` dynamic shared memory on
-// `stream`, as a programmatic dependent of the previous kernel when kUsePdl.
+// `stream`; `programmatic`: as a programmatic dependent of the previous kernel.
 template <typename... Params, typename... Args>
-void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
-                const char* name, Args... args) {
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   cudaStream_t stream, const char* name, bool programmatic, Args... args) {
   // Static shared memory counts against the default 48 KB as well, so any
   // dynamic request goes through the (cached) limit check.
   if (smem > 0) allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, name);
@@ -132,9 +132,16 @@ void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, c
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = &attr;
-  cfg.numAttrs = kUsePdl ? 1 : 0;
+  cfg.numAttrs = programmatic ? 1 : 0;
   check_cuda(cudaLaunchKernelEx(&cfg, kernel, static_cast<Params>(args)...), name);
   check_cuda(cudaGetLastError(), name);
+}
+
+// launch_kernel as a programmatic dependent when kUsePdl.
+template <typename... Params, typename... Args>
+void launch_pdl(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                const char* name, Args... args) {
+  launch_kernel(kernel, grid, block, smem, stream, name, kUsePdl, args...);
 }
 
 // The same for a one-dimensional grid of `blocks` blocks of `threads`.

@@ -8,26 +8,23 @@
 //   the path below, with their own (equally fixed) reduction order. These are
 //   the model's products: decode, verify windows and batched rows.
 //
-// - f32|f16 weights, M <= kInvariantRows: invariant_linear_kernel, batch-invariant. y[m, n] is
-//   bit-identical whatever M is and whichever other rows share the call, which
-//   is what makes speculation exact (decode computes 1 row, verify k + 1,
-//   batched rows many more). The reduction order for one (m, n) is fixed by the
-//   kernel alone: K is cut into chunks of 8 elements; lane l of the warp that
-//   owns column n accumulates chunks l, l + 32, l + 64, ... in increasing order,
-//   each as 8 explicit fmaf in element order into one f32 partial sum (a final
-//   partial chunk, when 8 does not divide K, belongs to the lane whose turn it
-//   is, with one fmaf per element); the 32 partial sums are then added by a
-//   fixed xor-shuffle tree. Rows are processed in groups of up to kMaxGroup so
-//   the weights are streamed once per group, and every row of a group runs the
-//   same fmaf sequence whatever the group size, its position in the group, the
-//   unrolling, or whether loads are vectorised (misaligned operands take scalar
-//   loads but the same arithmetic). No atomics, no split of K across warps.
-//   At M = 1 with bf16 weights this is the decode GEMV: 16-byte streaming loads
-//   (8 bf16, not allocated in L1), four columns per warp, several chunks in
-//   flight per lane. Activations are read through L1 rather than staged in
-//   shared memory: staging would need a block barrier per K tile, and every
-//   barrier drains the weight stream of the warps waiting at it; the warps of an
-//   SM read the same x rows at nearly the same time, so L1 serves them.
+// - f32|f16 weights, M <= kInvariantRows: invariant_linear_kernel,
+//   batch-invariant. y[m, n] is bit-identical whatever M is and whichever other rows share the
+//   call, which is what makes speculation exact (decode computes 1 row, verify k + 1, batched rows
+//   many more). The reduction order for one (m, n) is fixed by the kernel alone: K is cut into
+//   chunks of 8 elements; lane l of the warp that owns column n accumulates chunks l, l + 32, l +
+//   64, ... in increasing order, each as 8 explicit fmaf in element order into one f32 partial sum
+//   (a final partial chunk, when 8 does not divide K, belongs to the lane whose turn it is, with
+//   one fmaf per element); the 32 partial sums are then added by a fixed xor-shuffle tree. Rows are
+//   processed in groups of up to kMaxGroup so the weights are streamed once per group, and every
+//   row of a group runs the same fmaf sequence whatever the group size, its position in the group,
+//   the unrolling, or whether loads are vectorised (misaligned operands take scalar loads but the
+//   same arithmetic). No atomics, no split of K across warps. At M = 1 with f16 weights this is a
+//   decode GEMV: 16-byte streaming loads (8 f16, not allocated in L1), four columns per warp,
+//   several chunks in flight per lane. Activations are read through L1 rather than staged in shared
+//   memory: staging would need a block barrier per K tile, and every barrier drains the weight
+//   stream of the warps waiting at it; the warps of an SM read the same x rows at nearly the same
+//   time, so L1 serves them.
 //
 //   linear_multi (q/k/v of one x) and linear_gelu_mul (gate/up) reuse the
 //   same per-warp body (warp_dot) on one grid: linear_multi concatenates the
@@ -78,6 +75,7 @@
 #include "engine/backend/cuda/cuda_device_common.cuh"
 #include "engine/backend/cuda/cuda_launch.cuh"
 #include "engine/backend/cuda/cuda_linear_mma.h"
+#include "engine/backend/cuda/cuda_multi_outs.cuh"
 
 namespace specula::cuda {
 namespace {
@@ -474,17 +472,6 @@ __global__ void __launch_bounds__(kThreads)
   linear_tile<T, G, kVec, S>(x, w, y, m_rows, n_cols, k_dim, group, col_block);
 }
 
-// Outputs of one linear_multi launch, passed by value (kernel parameter space).
-constexpr int kMaxMultiOuts = 4;
-template <typename T>
-struct MultiOuts {
-  const T* w[kMaxMultiOuts];
-  float* y[kMaxMultiOuts];
-  int n_cols[kMaxMultiOuts];
-  int first_block[kMaxMultiOuts];  // first block of output o; first_block[0] == 0
-  int count;                       // outputs in use (1 .. kMaxMultiOuts)
-};
-
 // Several y_o = x · w_oᵀ in one grid: the concatenation of each output's grid
 // of invariant_linear_kernel (block b belongs to the last output o with
 // first_block[o] <= b; within it, the same (column block, row group) order).
@@ -495,24 +482,9 @@ __global__ void __launch_bounds__(kThreads)
     invariant_multi_kernel(const float* __restrict__ x, MultiOuts<T> outs, int m_rows, int k_dim,
                            int n_groups) {
   pdl_launch_dependents();
-  const int b = static_cast<int>(blockIdx.x);
-  // Constant indices only: a dynamic index into the parameter struct could
-  // make the compiler copy it to local memory.
-  const T* w = outs.w[0];
-  float* y = outs.y[0];
-  int n_cols = outs.n_cols[0];
-  int first = 0;
-#pragma unroll
-  for (int o = 1; o < kMaxMultiOuts; ++o) {
-    if (o < outs.count && b >= outs.first_block[o]) {
-      w = outs.w[o];
-      y = outs.y[o];
-      n_cols = outs.n_cols[o];
-      first = outs.first_block[o];
-    }
-  }
-  const int local = b - first;
-  linear_tile<T, G, true, S>(x, w, y, m_rows, n_cols, k_dim, local % n_groups, local / n_groups);
+  const PickedOutput<T> out = pick_output(outs, static_cast<int>(blockIdx.x));
+  linear_tile<T, G, true, S>(x, out.w, out.y, m_rows, static_cast<int>(out.n_cols), k_dim,
+                             out.local_block % n_groups, out.local_block / n_groups);
 }
 
 // linear_gelu_mul: each warp owns kGeluCols columns of gate AND the same
@@ -669,43 +641,23 @@ void launch_invariant(const float* x, const T* w, float* y, int64_t m, int64_t n
 // launch (fewer when the blocks of one more would overflow the grid). Every w
 // is T, K columns, on the vector path; 1 <= M <= kInvariantRows.
 template <typename T, int G>
-void launch_multi_group(const float* x, std::span<const LinearOut> outs, int64_t m, int64_t k,
+void launch_multi_group(const float* x, std::span<const ProductOut> outs, int64_t m, int64_t k,
                         cudaStream_t stream) {
   const int64_t groups = (m + G - 1) / G;
-  MultiOuts<T> batch{};
-  int64_t blocks = 0;
-  const auto flush = [&] {
-    if (batch.count == 0) return;
-    with_stages<T, G, true>(blocks, [&](auto stages) {
-      constexpr int S = decltype(stages)::value;
-      launch_invariant_kernel(invariant_multi_kernel<T, G, S>, blocks, pipe_smem_bytes<S>(), stream,
-                              "invariant_multi_kernel", x, batch, static_cast<int>(m),
-                              static_cast<int>(k), static_cast<int>(groups));
-    });
-    batch = MultiOuts<T>{};
-    blocks = 0;
-  };
-  for (const LinearOut& o : outs) {
-    const int64_t n = o.w.dim(0);
-    if (n == 0) continue;
-    const int64_t out_blocks = groups * ((n + kWarps * kCols - 1) / (kWarps * kCols));
-    if (out_blocks > INT_MAX) {
-      fail("linear_multi: w {} needs {} blocks, more than the CUDA grid", o.w.describe(),
-           out_blocks);
-    }
-    if (batch.count == kMaxMultiOuts || blocks + out_blocks > INT_MAX) flush();
-    batch.w[batch.count] = o.w.data_as<const T>();
-    batch.y[batch.count] = o.y.data_as<float>();
-    batch.n_cols[batch.count] = static_cast<int>(n);
-    batch.first_block[batch.count] = static_cast<int>(blocks);
-    ++batch.count;
-    blocks += out_blocks;
-  }
-  flush();
+  launch_multi_batches<T>(
+      outs, [&](int64_t n) { return groups * ((n + kWarps * kCols - 1) / (kWarps * kCols)); },
+      [&](const MultiOuts<T>& batch, int64_t blocks) {
+        with_stages<T, G, true>(blocks, [&](auto stages) {
+          constexpr int S = decltype(stages)::value;
+          launch_invariant_kernel(invariant_multi_kernel<T, G, S>, blocks, pipe_smem_bytes<S>(),
+                                  stream, "invariant_multi_kernel", x, batch, static_cast<int>(m),
+                                  static_cast<int>(k), static_cast<int>(groups));
+        });
+      });
 }
 
 template <typename T>
-void launch_multi(const float* x, std::span<const LinearOut> outs, int64_t m, int64_t k,
+void launch_multi(const float* x, std::span<const ProductOut> outs, int64_t m, int64_t k,
                   cudaStream_t stream) {
   with_group(m, [&](auto g) { launch_multi_group<T, decltype(g)::value>(x, outs, m, k, stream); });
 }
@@ -734,17 +686,18 @@ void launch_gelu_mul(const float* x, const T* w_gate, const T* w_up, float* gate
   });
 }
 
-// Calls f(std::type_identity<T>{}) with the element type of a float dtype
-// (f32|bf16|f16; callers check_float first).
+// Calls f(std::type_identity<T>{}) with the element type of f32|f16 weights
+// (callers check_float first). bf16 products always take the tensor-core
+// kernels (cuda_linear_mma.cu), so the FMA kernels are not built for bf16.
 template <typename F>
 void with_weight_type(DType d, F&& f) {
   switch (d) {
     case DType::kF32:
       return f(std::type_identity<float>{});
-    case DType::kBF16:
-      return f(std::type_identity<__nv_bfloat16>{});
-    default:
+    case DType::kF16:
       return f(std::type_identity<__half>{});
+    default:
+      fail("linear: the FMA kernels take f32|f16 weights, not {}", dtype_name(d));
   }
 }
 
@@ -1056,37 +1009,38 @@ void CudaBackend::linear_multi(const Tensor& x, std::span<const LinearOut> outs)
   const int64_t k = x.dim(1);
   const DType dtype = outs[0].w.dtype();
   bool fused = m >= 1 && m <= kInvariantRows && k >= 1 && k <= INT_MAX - kChunk;
-  bool all_bf16 = fused;
   for (const LinearOut& o : outs) {
-    all_bf16 = all_bf16 && o.w.dtype() == DType::kBF16 && o.w.dim(0) <= INT_MAX - kWarps * kCols;
+    fused = fused && o.w.dtype() == dtype && o.w.dim(0) <= INT_MAX - kWarps * kCols;
   }
-  if (all_bf16) {
-    // In slices of four (one launch each) so the hot path never allocates.
-    void* x_split = scratch(x_split_, mma_split_bytes(m, k));
-    std::array<MmaOut, 4> slice;
-    for (size_t first = 0; first < outs.size(); first += slice.size()) {
-      const size_t count = std::min(slice.size(), outs.size() - first);
-      for (size_t i = 0; i < count; ++i) {
-        const LinearOut& o = outs[first + i];
-        slice[i] = {o.w.data(), o.y.data_as<float>(), o.w.dim(0)};
-      }
-      mma_linear_multi(x.data_as<const float>(), x_split, std::span(slice.data(), count), m, k,
-                       stream_);
-    }
-    return;
-  }
+  // bf16 takes the tensor-core kernels, which handle any alignment; the FMA
+  // kernels fuse only 16-byte aligned operands.
+  const bool tensor_cores = fused && dtype == DType::kBF16;
   for (const LinearOut& o : outs) {
-    fused = fused && o.w.dtype() == dtype && o.w.dim(0) <= INT_MAX - kWarps * kCols &&
-            vector_path(x.data(), o.w.data(), k, dtype_size(dtype));
+    fused = fused && (tensor_cores || vector_path(x.data(), o.w.data(), k, dtype_size(dtype)));
   }
   if (!fused) {
     for (const LinearOut& o : outs) linear_rows_above(x, o.w, o.y, kInvariantRows);
     return;
   }
-  with_weight_type(dtype, [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    launch_multi<T>(x.data_as<const float>(), outs, m, k, stream_);
-  });
+  void* x_split = tensor_cores ? scratch(x_split_, mma_split_bytes(m, k)) : nullptr;
+  // In slices of kMaxMultiOuts (a launch each) so the hot path never allocates.
+  std::array<ProductOut, kMaxMultiOuts> slice;
+  for (size_t first = 0; first < outs.size(); first += slice.size()) {
+    const size_t count = std::min(slice.size(), outs.size() - first);
+    for (size_t i = 0; i < count; ++i) {
+      const LinearOut& o = outs[first + i];
+      slice[i] = {o.w.data(), o.y.data_as<float>(), o.w.dim(0)};
+    }
+    const std::span<const ProductOut> part(slice.data(), count);
+    if (tensor_cores) {
+      mma_linear_multi(x.data_as<const float>(), x_split, part, m, k, stream_);
+    } else {
+      with_weight_type(dtype, [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        launch_multi<T>(x.data_as<const float>(), part, m, k, stream_);
+      });
+    }
+  }
 }
 
 // gate f32 [M, I] = gelu_tanh(x · w_gateᵀ) ⊙ (x · w_upᵀ); x f32 [M, K]; w_gate,

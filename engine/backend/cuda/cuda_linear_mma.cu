@@ -30,6 +30,7 @@
 #include "engine/backend/cuda/cuda_device_common.cuh"
 #include "engine/backend/cuda/cuda_launch.cuh"
 #include "engine/backend/cuda/cuda_linear_mma.h"
+#include "engine/backend/cuda/cuda_multi_outs.cuh"
 
 namespace specula::cuda {
 namespace {
@@ -497,51 +498,26 @@ __global__ void __launch_bounds__(KS * 32, min_blocks<KS, CT, NT, PS>())
   store_tile(sh, y, m0, m_rows, n0, n_cols);
 }
 
-// Outputs of one multi launch, by value (kernel parameter space).
-constexpr int kMaxMultiOuts = 4;
-struct MultiOuts {
-  const bf16* w[kMaxMultiOuts];
-  float* y[kMaxMultiOuts];
-  int64_t n_cols[kMaxMultiOuts];
-  int first_block[kMaxMultiOuts];  // first block of output o; first_block[0] == 0
-  int count;
-};
-
 // Several y_o = x · w_oᵀ in one grid: the concatenation of each output's
 // mma_linear_kernel<KS, 1, NT, true, PS> grid (all with the same KS). Every
 // tile is computed as there.
 template <int KS, int NT, int PS>
 __global__ void __launch_bounds__(KS * 32, min_blocks<KS, 1, NT, PS>())
-    mma_multi_kernel(const float* __restrict__ xf, const uint4* __restrict__ x, MultiOuts outs,
-                     int64_t m_rows, int64_t k_dim, int row_groups) {
+    mma_multi_kernel(const float* __restrict__ xf, const uint4* __restrict__ x,
+                     MultiOuts<bf16> outs, int64_t m_rows, int64_t k_dim, int row_groups) {
   pdl_launch_dependents();
   __shared__ Combine<KS, 1, NT> sh;
-  const int b = static_cast<int>(blockIdx.x);
-  // Constant indices only, so the parameter struct is not copied to local memory.
-  const bf16* w = outs.w[0];
-  float* y = outs.y[0];
-  int64_t n_cols = outs.n_cols[0];
-  int first = 0;
-#pragma unroll
-  for (int o = 1; o < kMaxMultiOuts; ++o) {
-    if (o < outs.count && b >= outs.first_block[o]) {
-      w = outs.w[o];
-      y = outs.y[o];
-      n_cols = outs.n_cols[o];
-      first = outs.first_block[o];
-    }
-  }
-  const int local = b - first;
-  const int64_t n0 = static_cast<int64_t>(local / row_groups) * kTileCols;
-  const int64_t m0 = static_cast<int64_t>(local % row_groups) * (kTileRows * NT);
+  const PickedOutput<bf16> out = pick_output(outs, static_cast<int>(blockIdx.x));
+  const int64_t n0 = static_cast<int64_t>(out.local_block / row_groups) * kTileCols;
+  const int64_t m0 = static_cast<int64_t>(out.local_block % row_groups) * (kTileRows * NT);
   const bf16* wrow[1][2];
-  lane_w_rows(w, n0, n_cols, k_dim, wrow[0]);
+  lane_w_rows(out.w, n0, out.n_cols, k_dim, wrow[0]);
   const uint4* xrow[NT];
   lane_x_rows<NT>(x, m0, m_rows, k_dim, xrow);
   float acc[1][NT][4];
   warp_partials<KS, 1, NT, true, PS>(wrow, xrow, xf + m0 * k_dim, k_dim, acc);
   publish(sh, acc);
-  store_tile(sh, y, m0, m_rows, n0, n_cols);
+  store_tile(sh, out.y, m0, m_rows, n0, out.n_cols);
 }
 
 // gate = gelu_tanh(x · w_gateᵀ) ⊙ (x · w_upᵀ): weight tile 0 is 16 gate columns,
@@ -690,14 +666,14 @@ void mma_linear(const float* x, void* x_split, const void* w, float* y, int64_t 
   });
 }
 
-void mma_linear_multi(const float* x, void* x_split, std::span<const MmaOut> outs, int64_t m,
+void mma_linear_multi(const float* x, void* x_split, std::span<const ProductOut> outs, int64_t m,
                       int64_t k, cudaStream_t stream) {
   bool same = true;  // one launch needs 16-byte loads and one K split for every output
-  for (const MmaOut& o : outs) {
+  for (const ProductOut& o : outs) {
     same = same && vec_path(o.w, k) && mma_k_split(o.n) == mma_k_split(outs[0].n);
   }
   if (!same) {  // the same bits, one launch per output
-    for (const MmaOut& o : outs) {
+    for (const ProductOut& o : outs) {
       if (o.n > 0) mma_linear(x, x_split, o.w, o.y, m, o.n, k, stream);
     }
     return;
@@ -709,31 +685,16 @@ void mma_linear_multi(const float* x, void* x_split, std::span<const MmaOut> out
     constexpr int NT = decltype(nt)::value;
     constexpr int KS = decltype(ks)::value;
     const int64_t row_groups = (m + kTileRows * NT - 1) / (kTileRows * NT);
-    MultiOuts batch{};
-    int64_t blocks = 0;
-    const auto flush = [&] {
-      if (batch.count == 0) return;
-      with_paths<KS, 1, NT>(true, decode, blocks, [&](auto, auto ps) {
-        constexpr int PS = decltype(ps)::value;
-        launch_pdl(mma_multi_kernel<KS, NT, PS>, blocks, KS * 32, dynamic_smem<KS, 1, PS>(), stream,
-                   "mma_multi_kernel", x, xs, batch, m, k, static_cast<int>(row_groups));
-      });
-      batch = MultiOuts{};
-      blocks = 0;
-    };
-    for (const MmaOut& o : outs) {
-      if (o.n == 0) continue;
-      const int64_t out_blocks =
-          checked_blocks((o.n + kTileCols - 1) / kTileCols, row_groups, "linear_multi");
-      if (batch.count == kMaxMultiOuts || blocks + out_blocks > INT_MAX) flush();
-      batch.w[batch.count] = static_cast<const bf16*>(o.w);
-      batch.y[batch.count] = o.y;
-      batch.n_cols[batch.count] = o.n;
-      batch.first_block[batch.count] = static_cast<int>(blocks);
-      ++batch.count;
-      blocks += out_blocks;
-    }
-    flush();
+    launch_multi_batches<bf16>(
+        outs, [&](int64_t n) { return (n + kTileCols - 1) / kTileCols * row_groups; },
+        [&](const MultiOuts<bf16>& batch, int64_t blocks) {
+          with_paths<KS, 1, NT>(true, decode, blocks, [&](auto, auto ps) {
+            constexpr int PS = decltype(ps)::value;
+            launch_pdl(mma_multi_kernel<KS, NT, PS>, blocks, KS * 32, dynamic_smem<KS, 1, PS>(),
+                       stream, "mma_multi_kernel", x, xs, batch, m, k,
+                       static_cast<int>(row_groups));
+          });
+        });
   });
 }
 

@@ -42,9 +42,10 @@ inline constexpr int64_t kWideColumns = 16384;
 // numerics (see above).
 int mma_k_split(int64_t n_cols);
 
-// One output of mma_linear_multi: y f32 [M, n] = x · w[n, K]ᵀ.
-struct MmaOut {
-  const void* w;  // bf16 [n, K]
+// One output of a fused linear_multi launch (either product path):
+// y f32 [M, n] = x · w[n, K]ᵀ, w of the launch's weight dtype.
+struct ProductOut {
+  const void* w;
   float* y;
   int64_t n;
 };
@@ -62,7 +63,7 @@ void mma_linear(const float* x, void* x_split, const void* w, float* y, int64_t 
 
 // Every outs[i] as mma_linear would write it, x split once for all of them, in
 // as few launches as the grid allows (the caller checks shapes and aliasing).
-void mma_linear_multi(const float* x, void* x_split, std::span<const MmaOut> outs, int64_t m,
+void mma_linear_multi(const float* x, void* x_split, std::span<const ProductOut> outs, int64_t m,
                       int64_t k, cudaStream_t stream);
 
 // gate f32 [m, n] = gelu_tanh(x · w_gateᵀ) ⊙ (x · w_upᵀ), each product with the
