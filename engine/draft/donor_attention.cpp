@@ -25,7 +25,7 @@ void TargetCacheDonors::bind(std::span<SequenceKv* const> rows, const Tensor& ne
     own_keys_ = DeviceBuffer(backend_, host_keys_.size() * sizeof(int32_t));
   }
   newest_keys_ = own_keys_.view(DType::kI32, {B});
-  backend_.upload(host_keys_.data(), newest_keys_);
+  backend_.upload_async(host_keys_.data(), newest_keys_);
 }
 
 void TargetCacheDonors::attend(gemma4::LayerType type, const Tensor& q, int recent, float scale,

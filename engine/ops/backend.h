@@ -126,12 +126,21 @@ class Backend : public MemoryResource {
   virtual const char* name() const = 0;
 
   // ---- Memory and transfers ----
-  // Calls to allocate() so far: tests assert steady-state steps make none.
+  // Calls to allocate() (and growths of pinned staging memory) so far: tests
+  // assert steady-state steps make none.
   virtual int64_t allocation_count() const = 0;
   // Copies dst.nbytes() bytes from host memory into dst (on this device), and
   // src.nbytes() bytes from src into host memory. Both complete before returning.
   virtual void upload(const void* host, const Tensor& dst) = 0;
   virtual void download(const Tensor& src, void* host) = 0;
+  // Queues a copy of dst.nbytes() host bytes into dst behind the work already
+  // queued, without waiting for the device: the bytes are taken before it
+  // returns (the caller may reuse `host` at once), and later ops see them. For
+  // the inputs of decode steps, which must not stall the queue. Default: upload().
+  virtual void upload_async(const void* host, const Tensor& dst) { upload(host, dst); }
+  // Calls to download() so far (device-to-host readbacks, each a wait for the
+  // queue): tests assert what a speculative round reads back.
+  virtual int64_t readback_count() const = 0;
   // Waits for all queued work (a no-op on synchronous backends).
   virtual void synchronize() {}
   // Fills t (f32, bf16 or f16) with values uniform in [lo, hi) drawn from a
@@ -218,6 +227,16 @@ class Backend : public MemoryResource {
   virtual void argmax_rows(const Tensor& x, const Tensor& out) = 0;
   // Row-wise softmax in f32; out may alias x.
   virtual void softmax_rows(const Tensor& x, const Tensor& out) = 0;
+  // out[m, :] = the indices of the k largest x[m, :], largest first, in
+  // torch.topk order: a NaN counts as larger than any number, and equal values
+  // keep the lower index first. x f32 [M, N], out i32 [M, k] with 1 <= k <= N.
+  virtual void top_k_rows(const Tensor& x, const Tensor& out) = 0;
+  // Spreads n candidate scores over rows of V (the assistant's centroid head):
+  // out[m, :] = fill_m, then out[m, ids[m, j]] = values[m, j], where fill_m is
+  // the smallest non-NaN values[m, :] minus 1 (+inf minus 1 when there is none).
+  // values f32 [M, n], ids i32 [M, n] with distinct values in [0, V) per row (the
+  // CPU checks the range), out f32 [M, V]; no aliasing.
+  virtual void fill_scatter_rows(const Tensor& values, const Tensor& ids, const Tensor& out) = 0;
   virtual void moe_route(const MoeRouteParams& p) = 0;
   virtual void moe_experts(const MoeExpertsParams& p) = 0;
   // Sizes the backend's own scratch for a model once, so that steady-state steps
@@ -226,6 +245,11 @@ class Backend : public MemoryResource {
   virtual void reserve_scratch(int64_t max_keys, int64_t max_width) {}
   // Byte copy between same-shaped tensors of the same dtype on this device.
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  // out[i, ...] = src[idx[i], ...]: whole rows (dim 0) gathered by index. src
+  // [R, ...] and out [N, ...] of one 4-byte dtype (f32, i32) with the same row
+  // size; idx i32 [N] on this device, every value in [0, R) (the CPU checks;
+  // device backends trust the caller). out must not alias src.
+  virtual void gather_rows(const Tensor& src, const Tensor& idx, const Tensor& out) = 0;
   // out[b, a, :] = x[a, b, :]. x f32 [A, B, C], out f32 [B, A, C]; no aliasing.
   virtual void transpose01(const Tensor& x, const Tensor& out) = 0;
 

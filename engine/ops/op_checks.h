@@ -59,6 +59,27 @@ struct AttentionInputsDims {
 };
 AttentionInputsDims check_attention_inputs(const AttentionInputsParams& p);
 
+// Checks gather_rows' arguments; returns the 4-byte words per row.
+struct GatherRowsDims {
+  int64_t src_rows = 0;  // R
+  int64_t rows = 0;      // N
+  int64_t row_words = 0;
+};
+GatherRowsDims check_gather_rows(const char* op, const Tensor& src, const Tensor& idx,
+                                 const Tensor& out);
+
+// Checks top_k_rows' arguments; returns {M, N, k}.
+struct TopKDims {
+  int64_t rows = 0, n = 0, k = 0;
+};
+TopKDims check_top_k_rows(const char* op, const Tensor& x, const Tensor& out);
+// Checks fill_scatter_rows' arguments; returns {M, n, V}.
+struct FillScatterDims {
+  int64_t rows = 0, n = 0, width = 0;
+};
+FillScatterDims check_fill_scatter_rows(const char* op, const Tensor& values, const Tensor& ids,
+                                        const Tensor& out);
+
 struct MoeExpertsDims {
   int64_t tokens = 0, hidden = 0, top_k = 0, experts = 0, inter = 0;
 };

@@ -3,6 +3,8 @@
 // every backend shares (op_checks.h).
 #include "engine/ops/op_checks.h"
 
+#include <limits>
+
 #include "engine/ops/backend.h"
 
 namespace specula::ops {
@@ -44,6 +46,65 @@ void check_no_alias(const char* op, const char* out_name, const Tensor& out, con
     fail("{}: output {} {} overlaps input {} {}; this op needs a separate output buffer", op,
          out_name, out.describe(), in_name, in.describe());
   }
+}
+
+GatherRowsDims check_gather_rows(const char* op, const Tensor& src, const Tensor& idx,
+                                 const Tensor& out) {
+  check_dtype(op, "idx", idx, DType::kI32);
+  check_rank(op, "idx", idx, 1);
+  if (src.dtype() != out.dtype() || dtype_size(src.dtype()) != 4) {
+    fail("{}: src {} and out {} must share one 4-byte dtype (f32 or i32)", op, src.describe(),
+         out.describe());
+  }
+  if (src.rank() < 1 || out.rank() < 1) {
+    fail("{}: src {} and out {} need a row dimension", op, src.describe(), out.describe());
+  }
+  GatherRowsDims d;
+  d.src_rows = src.dim(0);
+  d.rows = idx.dim(0);
+  d.row_words = d.src_rows > 0 ? src.numel() / d.src_rows : 0;
+  const int64_t out_row_words = out.dim(0) > 0 ? out.numel() / out.dim(0) : 0;
+  if (out.dim(0) != d.rows || (d.rows > 0 && out_row_words != d.row_words)) {
+    fail("{}: out {} must have idx's {} rows of src {}'s row size", op, out.describe(), d.rows,
+         src.describe());
+  }
+  check_no_alias(op, "out", out, "src", src);
+  return d;
+}
+
+TopKDims check_top_k_rows(const char* op, const Tensor& x, const Tensor& out) {
+  check_dtype(op, "x", x, DType::kF32);
+  check_rank(op, "x", x, 2);
+  check_dtype(op, "out", out, DType::kI32);
+  check_rank(op, "out", out, 2);
+  const TopKDims d{.rows = x.dim(0), .n = x.dim(1), .k = out.dim(1)};
+  if (out.dim(0) != d.rows || d.k < 1 || d.k > d.n) {
+    fail("{}: out {} must be i32 [{}, k] with 1 <= k <= {} for x {}", op, out.describe(), d.rows,
+         d.n, x.describe());
+  }
+  if (d.n > std::numeric_limits<int32_t>::max()) {
+    fail("{}: x {} rows are too long for i32 indices", op, x.describe());
+  }
+  check_no_alias(op, "out", out, "x", x);
+  return d;
+}
+
+FillScatterDims check_fill_scatter_rows(const char* op, const Tensor& values, const Tensor& ids,
+                                        const Tensor& out) {
+  check_dtype(op, "values", values, DType::kF32);
+  check_rank(op, "values", values, 2);
+  check_dtype(op, "ids", ids, DType::kI32);
+  check_same_shape(op, "ids", ids, "values", values);
+  check_dtype(op, "out", out, DType::kF32);
+  check_rank(op, "out", out, 2);
+  const FillScatterDims d{.rows = values.dim(0), .n = values.dim(1), .width = out.dim(1)};
+  if (out.dim(0) != d.rows || d.n < 1 || d.n > d.width) {
+    fail("{}: out {} must have the {} rows of values {}, each at least {} wide", op, out.describe(),
+         d.rows, values.describe(), d.n);
+  }
+  check_no_alias(op, "out", out, "values", values);
+  check_no_alias(op, "out", out, "ids", ids);
+  return d;
 }
 
 void check_exact_alias(const char* op, const char* out_name, const Tensor& out, const char* in_name,

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // CUDA element-wise and row ops (cuda_elementwise.cu) against the CPU reference:
 // rms_norm, rope, gelu, gelu_mul, add, mul, scale, softcap, argmax_rows,
-// softmax_rows, transpose01 and fill_uniform; aliasing, batch invariance, edge
-// rows (ties, NaN, all -inf) and shape errors.
+// softmax_rows, transpose01, gather_rows, fill_uniform and queued uploads; aliasing, batch
+// invariance, edge rows (ties, NaN, all -inf) and shape errors.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -452,6 +453,137 @@ TEST(CudaElementwise, Transpose01MatchesCpu) {
   Twin same(DType::kF32, {2, 3, 4});
   EXPECT_THROW(gpu_be().transpose01(x.dev, same.dev), Error);
   EXPECT_THROW(gpu_be().transpose01(x.dev, x.dev.reshape({3, 2, 4})), Error);  // aliasing
+}
+
+// ---- top_k_rows and fill_scatter_rows ----
+
+TEST(CudaElementwise, TopKRowsMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    int64_t rows, n, k;
+  };
+  uint64_t seed = 800;
+  for (const Case c : {Case{1, 1, 1}, Case{3, 7, 7}, Case{4, 2048, 32}, Case{2, 5000, 3}}) {
+    Twin x(DType::kF32, {c.rows, c.n});
+    x.randomize(seed++);
+    // Ties, signed zeros, infinities and NaN in the first row.
+    float* h = x.host.data<float>();
+    if (c.n >= 7) {
+      h[0] = 0.5f;
+      h[1] = 0.5f;
+      h[2] = -0.0f;
+      h[3] = 0.0f;
+      h[4] = nan;
+      h[5] = std::numeric_limits<float>::infinity();
+      h[6] = nan;
+    }
+    x.push();
+    Twin out(DType::kI32, {c.rows, c.k});
+    cpu_be().top_k_rows(x.host, out.host);
+    gpu_be().top_k_rows(x.dev, out.dev);
+    expect_equal_i32(out.pull(), out.host, "top_k_rows");
+  }
+  Twin x(DType::kF32, {2, 4});
+  Twin too_many(DType::kI32, {2, 5});
+  EXPECT_THROW(gpu_be().top_k_rows(x.dev, too_many.dev), Error);
+}
+
+TEST(CudaElementwise, FillScatterRowsMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t rows = 3, n = 4096, V = 262144;
+  Twin values(DType::kF32, {rows, n});
+  values.randomize(900, -3.0f, 3.0f);
+  values.host.data<float>()[5] = std::numeric_limits<float>::quiet_NaN();
+  values.push();
+  Twin ids(DType::kI32, {rows, n});
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = 0; j < n; ++j)  // distinct per row, spread over the width
+      ids.host.data<int32_t>()[r * n + j] = static_cast<int32_t>((j * 64 + r * 7 + 13) % V);
+  }
+  ids.push();
+  Twin out(DType::kF32, {rows, V});
+  cpu_be().fill_scatter_rows(values.host, ids.host, out.host);
+  gpu_be().fill_scatter_rows(values.dev, ids.dev, out.dev);
+  expect_bits_equal(out.pull(), out.host, "fill_scatter_rows");
+  Twin narrow(DType::kF32, {rows, n - 1});
+  EXPECT_THROW(gpu_be().fill_scatter_rows(values.dev, ids.dev, narrow.dev), Error);
+}
+
+// ---- gather_rows and upload_async ----
+
+TEST(CudaElementwise, GatherRowsMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  struct Case {
+    Shape src;
+    std::vector<int32_t> idx;
+    DType dtype;
+  };
+  const Case cases[] = {{{7}, {6, 0, 3, 3, 1}, DType::kI32},
+                        {{5, 3}, {4, 4, 0}, DType::kF32},
+                        {{9, 640}, {8, 1, 2, 0, 7}, DType::kF32},  // rows wider than a block
+                        {{4, 2, 3}, {}, DType::kF32}};
+  uint64_t seed = 700;
+  for (const Case& c : cases) {
+    Twin src(c.dtype, c.src);
+    if (c.dtype == DType::kF32) {
+      src.randomize(seed++);
+    } else {
+      for (int64_t i = 0; i < src.host.view().numel(); ++i)
+        src.host.data<int32_t>()[i] = static_cast<int32_t>(1000 + i);
+      src.push();
+    }
+    const int64_t n = static_cast<int64_t>(c.idx.size());
+    Twin idx(DType::kI32, {n});
+    std::copy(c.idx.begin(), c.idx.end(), idx.host.data<int32_t>());
+    idx.push();
+    std::vector<int64_t> out_dims(c.src.dims().begin(), c.src.dims().end());
+    out_dims[0] = n;
+    Twin out(c.dtype, Shape(std::span<const int64_t>(out_dims)));
+    cpu_be().gather_rows(src.host, idx.host, out.host);
+    gpu_be().gather_rows(src.dev, idx.dev, out.dev);
+    expect_bits_equal(out.pull(), out.host, "gather_rows " + c.src.str());
+  }
+  Twin src(DType::kF32, {4, 3});
+  Twin idx(DType::kI32, {2});
+  Twin wrong_width(DType::kF32, {2, 4});
+  Twin wrong_dtype(DType::kI32, {2, 3});
+  EXPECT_THROW(gpu_be().gather_rows(src.dev, idx.dev, wrong_width.dev), Error);
+  EXPECT_THROW(gpu_be().gather_rows(src.dev, idx.dev, wrong_dtype.dev), Error);
+  EXPECT_THROW(gpu_be().gather_rows(src.dev, idx.dev, src.dev.slice_rows(0, 2)), Error);  // alias
+  idx.host.data<int32_t>()[0] = 4;  // out of range: the CPU names it
+  EXPECT_THROW(cpu_be().gather_rows(src.host, idx.host, wrong_dtype.host), Error);
+}
+
+// Queued uploads land in order behind earlier work even when the host reuses
+// its buffer at once, and more of them than the staging slots still arrive.
+TEST(CudaElementwise, QueuedUploadsArriveInOrder) {
+  SKIP_WITHOUT_CUDA();
+  constexpr int kUploads = 40;
+  Twin sums(DType::kF32, {kUploads, 256});
+  Twin step(DType::kF32, {256});
+  std::vector<float> host(256);
+  for (int u = 0; u < kUploads; ++u) {
+    for (int i = 0; i < 256; ++i) host[static_cast<size_t>(i)] = static_cast<float>(u * 1000 + i);
+    gpu_be().upload_async(host.data(), step.dev);
+    std::fill(host.begin(), host.end(), -1.0f);  // reused at once
+    gpu_be().copy(step.dev, sums.dev.row(u));
+  }
+  const HostTensor got = sums.pull();
+  for (int u = 0; u < kUploads; ++u) {
+    for (int i = 0; i < 256; ++i) {
+      ASSERT_EQ(got.view().data_as<const float>()[u * 256 + i], static_cast<float>(u * 1000 + i))
+          << "upload " << u << " element " << i;
+    }
+  }
+  // Uploads larger than a staging slot grow it.
+  Twin big(DType::kF32, {100000});
+  std::vector<float> ramp(100000);
+  for (size_t i = 0; i < ramp.size(); ++i) ramp[i] = static_cast<float>(i);
+  gpu_be().upload_async(ramp.data(), big.dev);
+  const HostTensor back = big.pull();
+  for (size_t i = 0; i < ramp.size(); i += 997)
+    ASSERT_EQ(back.view().data_as<const float>()[i], ramp[i]);
 }
 
 // ---- fill_uniform ----

@@ -700,6 +700,58 @@ TEST_F(CpuBackendTest, ArgmaxRowsPicksTheLowestIndexOnTies) {
   expect_error([&] { be_.argmax_rows(x, out_bad); }, {"argmax_rows", "i32[4]", "f32[5, 4]"});
 }
 
+// ---- top_k_rows, fill_scatter_rows, gather_rows ----
+
+TEST_F(CpuBackendTest, TopKRowsFollowsTorchTopkOrder) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  HostTensor x = make_float(DType::kF32, {3, 5},
+                            {1, 3, 3, 2, -kInf,          // ties keep the lower index first
+                             -0.0f, 0.0f, nan, -1, nan,  // NaN above all; -0 equals +0
+                             kInf, -kInf, 4, 4, 4});
+  HostTensor out(DType::kI32, {3, 3});
+  be_.top_k_rows(x, out);
+  const std::vector<int32_t> want = {1, 2, 3, 2, 4, 0, 0, 2, 3};
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(out.data<int32_t>()[i], want[i]) << i;
+  HostTensor too_many(DType::kI32, {3, 6});
+  expect_error([&] { be_.top_k_rows(x, too_many); }, {"top_k_rows", "i32[3, 6]", "f32[3, 5]"});
+}
+
+TEST_F(CpuBackendTest, FillScatterRowsFillsWithTheMinimumMinusOne) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  HostTensor values = make_float(DType::kF32, {2, 3}, {0.5f, -2.0f, 3.0f, nan, 7.0f, 1.0f});
+  HostTensor ids(DType::kI32, {2, 3});
+  const int32_t id_values[] = {4, 0, 2, 1, 5, 3};
+  std::copy(std::begin(id_values), std::end(id_values), ids.data<int32_t>());
+  HostTensor out(DType::kF32, {2, 6});
+  be_.fill_scatter_rows(values, ids, out);
+  const float* o = out.data<float>();
+  const float row0[] = {-2.0f, -3.0f, 3.0f, -3.0f, 0.5f, -3.0f};
+  for (int j = 0; j < 6; ++j) EXPECT_EQ(o[j], row0[j]) << j;
+  EXPECT_TRUE(std::isnan(o[6 + 1]));  // the NaN score is kept where it belongs
+  EXPECT_EQ(o[6 + 5], 7.0f);
+  EXPECT_EQ(o[6 + 3], 1.0f);
+  EXPECT_EQ(o[6 + 0], 0.0f);  // NaN is skipped by the minimum: 1 - 1
+  ids.data<int32_t>()[4] = 6;
+  expect_error([&] { be_.fill_scatter_rows(values, ids, out); }, {"fill_scatter_rows", "6"});
+}
+
+TEST_F(CpuBackendTest, GatherRowsCopiesRowsByIndex) {
+  HostTensor src = random({4, 3});
+  HostTensor idx(DType::kI32, {3});
+  const int32_t rows[] = {3, 0, 3};
+  std::copy(std::begin(rows), std::end(rows), idx.data<int32_t>());
+  HostTensor out(DType::kF32, {3, 3});
+  be_.gather_rows(src, idx, out);
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < 3; ++j)
+      EXPECT_EQ(out.data<float>()[i * 3 + j], src.data<float>()[rows[i] * 3 + j]);
+  }
+  idx.data<int32_t>()[1] = -1;
+  expect_error([&] { be_.gather_rows(src, idx, out); }, {"gather_rows", "idx[1] = -1"});
+  HostTensor narrow(DType::kF32, {3, 2});
+  expect_error([&] { be_.gather_rows(src, idx, narrow); }, {"gather_rows", "f32[3, 2]"});
+}
+
 // ---- MoE ----
 
 TEST_F(CpuBackendTest, MoeRouteTakesTopKRenormalisesAndScales) {

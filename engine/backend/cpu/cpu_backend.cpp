@@ -36,6 +36,7 @@ void CpuBackend::upload(const void* host, const Tensor& dst) {
 
 void CpuBackend::download(const Tensor& src, void* host) {
   cpu::check_host("download", "src", src);
+  ++readbacks_;
   if (src.nbytes()) std::memcpy(host, src.data(), src.nbytes());
 }
 
@@ -119,6 +120,27 @@ void CpuBackend::copy(const Tensor& src, const Tensor& dst) {
   // memmove: an overlapping copy is well defined (if rarely meaningful).
   if (src.nbytes() != 0 && src.data() != dst.data())
     std::memmove(dst.data(), src.data(), src.nbytes());
+}
+
+void CpuBackend::gather_rows(const Tensor& src, const Tensor& idx, const Tensor& out) {
+  constexpr const char* kOp = "gather_rows";
+  cpu::check_host(kOp, "src", src);
+  cpu::check_host(kOp, "idx", idx);
+  cpu::check_host(kOp, "out", out);
+  const ops::GatherRowsDims d = ops::check_gather_rows(kOp, src, idx, out);
+  const int32_t* ids = idx.data_as<const int32_t>();
+  const size_t row_bytes = static_cast<size_t>(d.row_words) * 4;
+  for (int64_t i = 0; i < d.rows; ++i) {
+    if (ids[i] < 0 || ids[i] >= d.src_rows) {
+      fail("{}: idx[{}] = {} is outside the {} rows of src {}", kOp, i, ids[i], d.src_rows,
+           src.describe());
+    }
+  }
+  const char* from = static_cast<const char*>(src.data());
+  char* to = static_cast<char*>(out.data());
+  for (int64_t i = 0; i < d.rows; ++i)
+    std::memcpy(to + static_cast<size_t>(i) * row_bytes,
+                from + static_cast<size_t>(ids[i]) * row_bytes, row_bytes);
 }
 
 void CpuBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& positions,

@@ -37,6 +37,7 @@ class CpuBackend final : public Backend {
   int64_t allocation_count() const override { return allocations_.load(); }
   void upload(const void* host, const Tensor& dst) override;
   void download(const Tensor& src, void* host) override;
+  int64_t readback_count() const override { return readbacks_.load(); }
   void fill_uniform(const Tensor& t, uint64_t seed, float lo, float hi) override;
   void transpose01(const Tensor& x, const Tensor& out) override;
 
@@ -60,9 +61,14 @@ class CpuBackend final : public Backend {
   void argmax_rows(const Tensor& x, const Tensor& out) override;
   // A row that is entirely -inf produces zeros rather than NaN.
   void softmax_rows(const Tensor& x, const Tensor& out) override;
+  void top_k_rows(const Tensor& x, const Tensor& out) override;
+  // An id outside [0, V) throws (naming it).
+  void fill_scatter_rows(const Tensor& values, const Tensor& ids, const Tensor& out) override;
   void moe_route(const MoeRouteParams& p) override;
   void moe_experts(const MoeExpertsParams& p) override;
   void copy(const Tensor& src, const Tensor& dst) override;
+  // An index outside [0, R) throws (naming it).
+  void gather_rows(const Tensor& src, const Tensor& idx, const Tensor& out) override;
   // A negative position throws (the CPU can check; see Backend::store_kv).
   void store_kv(const Tensor& k, const Tensor& v, const Tensor& positions, const Tensor& cache_k,
                 const Tensor& cache_v) override;
@@ -71,6 +77,7 @@ class CpuBackend final : public Backend {
   // Reused by linear / moe_experts for bf16/f16 weight blocks converted to f32.
   cpu::ScratchPool scratch_;
   std::atomic<int64_t> allocations_{0};
+  std::atomic<int64_t> readbacks_{0};
 };
 
 }  // namespace specula

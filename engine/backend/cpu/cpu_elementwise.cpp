@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <optional>
 #include <vector>
 
@@ -187,6 +188,59 @@ void CpuBackend::softcap(const Tensor& x, float cap, const Tensor& out) {
   }
   // Same operation order as HF: divide, tanh, multiply.
   map_unary(x, out, kTanhCost, [cap](float v) { return std::tanh(v / cap) * cap; });
+}
+
+void CpuBackend::top_k_rows(const Tensor& x, const Tensor& out) {
+  constexpr const char* kOp = "top_k_rows";
+  cpu::check_host(kOp, "x", x);
+  cpu::check_host(kOp, "out", out);
+  const ops::TopKDims d = ops::check_top_k_rows(kOp, x, out);
+  const float* in = x.data_as<const float>();
+  int32_t* o = out.data_as<int32_t>();
+#pragma omp parallel for schedule(static) if (cpu::worth_parallel(d.rows * d.n))
+  for (int64_t r = 0; r < d.rows; ++r) {
+    const float* row = in + r * d.n;
+    // Per-thread scratch, grown only: steady-state steps allocate nothing.
+    thread_local std::vector<int32_t> order;
+    order.resize(static_cast<size_t>(d.n));
+    std::iota(order.begin(), order.end(), 0);
+    // A strict weak order: NaN above every number, then larger first, then lower index.
+    auto before = [row](int32_t a, int32_t b) {
+      const float va = row[a], vb = row[b];
+      const bool na = std::isnan(va), nb = std::isnan(vb);
+      if (na != nb) return na;
+      if (!na && va != vb) return va > vb;
+      return a < b;
+    };
+    std::partial_sort(order.begin(), order.begin() + d.k, order.begin() + d.n, before);
+    std::copy(order.begin(), order.begin() + d.k, o + r * d.k);
+  }
+}
+
+void CpuBackend::fill_scatter_rows(const Tensor& values, const Tensor& ids, const Tensor& out) {
+  constexpr const char* kOp = "fill_scatter_rows";
+  cpu::check_host(kOp, "values", values);
+  cpu::check_host(kOp, "ids", ids);
+  cpu::check_host(kOp, "out", out);
+  const ops::FillScatterDims d = ops::check_fill_scatter_rows(kOp, values, ids, out);
+  const float* v = values.data_as<const float>();
+  const int32_t* id = ids.data_as<const int32_t>();
+  float* o = out.data_as<float>();
+  for (int64_t i = 0; i < d.rows * d.n; ++i) {
+    if (id[i] < 0 || id[i] >= d.width) {
+      fail("{}: ids[{}, {}] = {} is outside [0, {})", kOp, i / d.n, i % d.n, id[i], d.width);
+    }
+  }
+  for (int64_t r = 0; r < d.rows; ++r) {
+    const float* vr = v + r * d.n;
+    float smallest = std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < d.n; ++j) {
+      if (vr[j] < smallest) smallest = vr[j];  // false for NaN: skipped
+    }
+    float* orow = o + r * d.width;
+    std::fill(orow, orow + d.width, smallest - 1.0f);
+    for (int64_t j = 0; j < d.n; ++j) orow[id[r * d.n + j]] = vr[j];
+  }
 }
 
 void CpuBackend::argmax_rows(const Tensor& x, const Tensor& out) {

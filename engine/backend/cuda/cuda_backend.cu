@@ -48,8 +48,12 @@ CudaBackend::~CudaBackend() {
   if (profiling_enabled()) print_profile();
   if (stream_) cudaStreamSynchronize(stream_);
   for (Scratch* s : {&lt_workspace_, &x_bf16_, &w_bf16_, &attn_partials_, &moe_scratch_,
-                     &attn_scores_, &argmax_partials_}) {
+                     &attn_scores_, &argmax_partials_, &x_split_}) {
     if (s->data) cudaFree(s->data);
+  }
+  for (StagingSlot& slot : staging_) {
+    if (slot.host) cudaFreeHost(slot.host);
+    if (slot.copied) cudaEventDestroy(slot.copied);
   }
   if (lt_) cublasLtDestroy(lt_);
   if (stream_) cudaStreamDestroy(stream_);
@@ -116,9 +120,38 @@ void CudaBackend::download(const Tensor& src, void* host) {
   check_on(*this, "download", "src", src);
   if (capturing_) fail("download: not allowed while a step is being recorded");
   if (src.nbytes() == 0) return;
+  ++readbacks_;
   check_cuda(cudaMemcpyAsync(host, src.data(), src.nbytes(), cudaMemcpyDeviceToHost, stream_),
              "download (cudaMemcpyAsync)");
   check_cuda(cudaStreamSynchronize(stream_), "download (synchronize)");
+}
+
+void CudaBackend::upload_async(const void* host, const Tensor& dst) {
+  check_on(*this, "upload_async", "dst", dst);
+  if (capturing_) fail("upload_async: not allowed while a step is being recorded");
+  const size_t bytes = dst.nbytes();
+  if (bytes == 0) return;
+  StagingSlot& slot = staging_[next_staging_];
+  next_staging_ = (next_staging_ + 1) % kStagingSlots;
+  // The copy that last read this slot must have run before it is overwritten
+  // (normally long ago: the host is at most kStagingSlots uploads ahead).
+  if (slot.copied != nullptr) check_cuda(cudaEventSynchronize(slot.copied), "upload_async (wait)");
+  if (bytes > slot.size) {
+    if (slot.host) check_cuda(cudaFreeHost(slot.host), "cudaFreeHost");
+    slot.host = nullptr;
+    slot.size = 0;
+    const size_t want = std::max<size_t>(size_t{64} << 10, bytes + bytes / 2);
+    check_cuda(cudaHostAlloc(&slot.host, want, cudaHostAllocDefault), "cudaHostAlloc");
+    slot.size = want;
+    ++allocations_;  // growth is an allocation like any other (steady steps make none)
+  }
+  if (slot.copied == nullptr) {
+    check_cuda(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  std::memcpy(slot.host, host, bytes);
+  check_cuda(cudaMemcpyAsync(dst.data(), slot.host, bytes, cudaMemcpyHostToDevice, stream_),
+             "upload_async (cudaMemcpyAsync)");
+  check_cuda(cudaEventRecord(slot.copied, stream_), "upload_async (cudaEventRecord)");
 }
 
 void CudaBackend::synchronize() {

@@ -12,8 +12,9 @@
 // activations.
 //
 // Streams: every op is queued on one stream (stream()); upload/download
-// synchronise it. Ops never allocate: scratch comes from reserve_scratch() and
-// from buffers grown only when a call is larger than any before.
+// synchronise it, upload_async does not (it stages the bytes in pinned memory). Ops never allocate:
+// scratch comes from reserve_scratch() and from buffers grown only when a call is larger than any
+// before.
 #pragma once
 
 #include <cublasLt.h>
@@ -54,8 +55,11 @@ class CudaBackend final : public Backend {
   int64_t allocation_count() const override { return allocations_.load(); }
   void upload(const void* host, const Tensor& dst) override;
   void download(const Tensor& src, void* host) override;
+  void upload_async(const void* host, const Tensor& dst) override;
+  int64_t readback_count() const override { return readbacks_.load(); }
   void synchronize() override;
   void copy(const Tensor& src, const Tensor& dst) override;
+  void gather_rows(const Tensor& src, const Tensor& idx, const Tensor& out) override;
   void reserve_scratch(int64_t max_keys, int64_t max_width) override;
 
   // ---- products (cuda_linear.cu) ----
@@ -92,6 +96,8 @@ class CudaBackend final : public Backend {
   void softcap(const Tensor& x, float cap, const Tensor& out) override;
   void argmax_rows(const Tensor& x, const Tensor& out) override;
   void softmax_rows(const Tensor& x, const Tensor& out) override;
+  void top_k_rows(const Tensor& x, const Tensor& out) override;
+  void fill_scatter_rows(const Tensor& values, const Tensor& ids, const Tensor& out) override;
   void transpose01(const Tensor& x, const Tensor& out) override;
   void fill_uniform(const Tensor& t, uint64_t seed, float lo, float hi) override;
 
@@ -145,6 +151,18 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   std::atomic<int64_t> allocations_{0};
+  std::atomic<int64_t> readbacks_{0};
+  // Pinned host slots that upload_async copies through, used in turn; a slot is
+  // reused once the copy that last read it has run (its event), so the host
+  // may run up to kStagingSlots uploads ahead of the device.
+  struct StagingSlot {
+    void* host = nullptr;
+    size_t size = 0;
+    cudaEvent_t copied = nullptr;
+  };
+  static constexpr int kStagingSlots = 16;
+  StagingSlot staging_[kStagingSlots];
+  int next_staging_ = 0;
   bool capturing_ = false;
   uint64_t scratch_generation_ = 0;
   std::mutex scratch_mutex_;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Row-wise and element-wise ops on the GPU: rms_norm, rope, activations,
-// arithmetic, soft-capping, argmax, softmax, transpose01 and fill_uniform.
+// arithmetic, soft-capping, argmax, top-k, softmax, transpose01, gather_rows,
+// fill_scatter_rows and fill_uniform.
 //
 // Numerics follow the CPU reference (engine/backend/cpu/cpu_elementwise.cpp)
 // operation for operation. Products and sums that the CPU writes as separate
@@ -380,6 +381,113 @@ __global__ void transpose01_kernel(const float* __restrict__ x, float* __restric
   }
 }
 
+// ---- top_k_rows ----
+
+// A row element as one 64-bit key whose order is torch.topk's order: the high
+// half orders the values (every NaN above +inf, -0 equal to +0), the low half
+// is 0xfffffffe - index so that equal values put the lower index first (and no
+// key reaches ~0, the first pass's bound; none is 0 either). Keys of one row
+// are distinct, so the i-th largest is the largest key below the (i-1)-th.
+__device__ __forceinline__ unsigned long long top_k_key(float v, int64_t j) {
+  uint32_t high;
+  if (isnan(v)) {
+    high = 0xffffffffu;
+  } else {
+    uint32_t bits = __float_as_uint(v == 0.0f ? 0.0f : v);
+    high = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  }
+  return (static_cast<unsigned long long>(high) << 32) | (0xfffffffeu - static_cast<uint32_t>(j));
+}
+
+// One block per row, k passes: each finds the largest key below the last one.
+__global__ void __launch_bounds__(kThreads)
+    top_k_rows_kernel(const float* __restrict__ x, int32_t* __restrict__ out, int64_t n,
+                      int64_t k) {
+  __shared__ unsigned long long warp_best[kThreads / 32];
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * n;
+  int32_t* o = out + static_cast<int64_t>(blockIdx.x) * k;
+  unsigned long long last = ~0ull;  // above every key
+  for (int64_t i = 0; i < k; ++i) {
+    unsigned long long best = 0;
+    for (int64_t j = threadIdx.x; j < n; j += kThreads) {
+      const unsigned long long key = top_k_key(row[j], j);
+      if (key < last && key > best) best = key;
+    }
+    for (int m = 16; m > 0; m >>= 1) {
+      const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, m);
+      if (other > best) best = other;
+    }
+    if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
+    __syncthreads();
+    best = warp_best[0];
+    for (int w = 1; w < kThreads / 32; ++w) best = warp_best[w] > best ? warp_best[w] : best;
+    __syncthreads();  // every thread has read warp_best before the next pass writes it
+    if (threadIdx.x == 0) o[i] = static_cast<int32_t>(0xfffffffeu - static_cast<uint32_t>(best));
+    last = best;
+  }
+}
+
+// ---- fill_scatter_rows ----
+
+// The smallest non-NaN value of a row of n (+inf when there is none), the same
+// on every block that asks: min is exact, so the order of the scan is free.
+__device__ float row_min_skip_nan(const float* __restrict__ v, int64_t n) {
+  __shared__ float warp_min[kThreads / 32];
+  float m = std::numeric_limits<float>::infinity();
+  for (int64_t j = threadIdx.x; j < n; j += kThreads) {
+    const float x = v[j];
+    if (x < m) m = x;
+  }
+  for (int s = 16; s > 0; s >>= 1) m = fminf(m, __shfl_xor_sync(0xffffffffu, m, s));
+  if (threadIdx.x % 32 == 0) warp_min[threadIdx.x / 32] = m;
+  __syncthreads();
+  m = warp_min[0];
+  for (int w = 1; w < kThreads / 32; ++w) m = fminf(m, warp_min[w]);
+  return m;
+}
+
+constexpr int64_t kFillChunk = 8192;  // columns each block of fill_rows_kernel writes
+
+// Grid (chunks, rows): block (c, r) writes min(values[r]) - 1 over its chunk of row r.
+__global__ void __launch_bounds__(kThreads)
+    fill_rows_kernel(const float* __restrict__ values, float* __restrict__ out, int64_t n,
+                     int64_t width) {
+  const int64_t r = blockIdx.y;
+  const float fill = __fsub_rn(row_min_skip_nan(values + r * n, n), 1.0f);
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * kFillChunk;
+  const int64_t end = min(width, begin + kFillChunk);
+  float* o = out + r * width;
+  for (int64_t j = begin + threadIdx.x; j < end; j += kThreads) o[j] = fill;
+}
+
+// Grid rows: out[r, ids[r, j]] = values[r, j] (after fill_rows_kernel).
+__global__ void __launch_bounds__(kThreads)
+    scatter_rows_kernel(const float* __restrict__ values, const int32_t* __restrict__ ids,
+                        float* __restrict__ out, int64_t n, int64_t width) {
+  const int64_t r = blockIdx.x;
+  for (int64_t j = threadIdx.x; j < n; j += kThreads) {
+    const int32_t id = ids[r * n + j];
+    if (id >= 0 && id < width) out[r * width + id] = values[r * n + j];
+  }
+}
+
+// ---- gather_rows ----
+
+// Block-stride over output rows, threads over a row's 4-byte words. An index
+// outside [0, R) (a caller bug the CPU backend reports) leaves its row as it was
+// rather than reading out of bounds.
+__global__ void gather_rows_kernel(const uint32_t* __restrict__ src,
+                                   const int32_t* __restrict__ idx, uint32_t* __restrict__ out,
+                                   int64_t rows, int64_t src_rows, int64_t row_words) {
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int32_t from = idx[r];
+    if (from < 0 || from >= src_rows) continue;
+    const uint32_t* in = src + static_cast<int64_t>(from) * row_words;
+    uint32_t* o = out + r * row_words;
+    for (int64_t w = threadIdx.x; w < row_words; w += blockDim.x) o[w] = in[w];
+  }
+}
+
 // ---- fill_uniform ----
 
 // Element i = uniform_at(seed, i, lo, hi) rounded to the tensor's dtype exactly
@@ -632,6 +740,60 @@ void CudaBackend::transpose01(const Tensor& x, const Tensor& out) {
   transpose01_kernel<<<grid_for(total, kThreads), kThreads, 0, stream()>>>(
       x.data_as<const float>(), out.data_as<float>(), a, b, c);
   check_cuda(cudaGetLastError(), "transpose01_kernel");
+}
+
+// Indices of each row's k largest values in torch.topk order; see Backend::top_k_rows.
+void CudaBackend::top_k_rows(const Tensor& x, const Tensor& out) {
+  OpTimer timer(*this, "top_k_rows");
+  constexpr const char* kOp = "top_k_rows";
+  check_on(*this, kOp, "x", x);
+  check_on(*this, kOp, "out", out);
+  const ops::TopKDims d = ops::check_top_k_rows(kOp, x, out);
+  if (d.rows == 0) return;
+  if (d.rows > std::numeric_limits<int32_t>::max())
+    fail("{}: too many rows in {}", kOp, x.describe());
+  top_k_rows_kernel<<<static_cast<unsigned>(d.rows), kThreads, 0, stream()>>>(
+      x.data_as<const float>(), out.data_as<int32_t>(), d.n, d.k);
+  check_cuda(cudaGetLastError(), "top_k_rows_kernel");
+}
+
+// Candidate scores spread over rows filled with their minimum - 1; see
+// Backend::fill_scatter_rows (ids outside [0, V) are skipped here).
+void CudaBackend::fill_scatter_rows(const Tensor& values, const Tensor& ids, const Tensor& out) {
+  OpTimer timer(*this, "fill_scatter_rows");
+  constexpr const char* kOp = "fill_scatter_rows";
+  check_on(*this, kOp, "values", values);
+  check_on(*this, kOp, "ids", ids);
+  check_on(*this, kOp, "out", out);
+  const ops::FillScatterDims d = ops::check_fill_scatter_rows(kOp, values, ids, out);
+  if (d.rows == 0) return;
+  if (d.rows > 65535) fail("{}: at most 65,535 rows per call, got {}", kOp, d.rows);
+  const dim3 grid(static_cast<unsigned>((d.width + kFillChunk - 1) / kFillChunk),
+                  static_cast<unsigned>(d.rows));
+  fill_rows_kernel<<<grid, kThreads, 0, stream()>>>(values.data_as<const float>(),
+                                                    out.data_as<float>(), d.n, d.width);
+  check_cuda(cudaGetLastError(), "fill_rows_kernel");
+  scatter_rows_kernel<<<static_cast<unsigned>(d.rows), kThreads, 0, stream()>>>(
+      values.data_as<const float>(), ids.data_as<const int32_t>(), out.data_as<float>(), d.n,
+      d.width);
+  check_cuda(cudaGetLastError(), "scatter_rows_kernel");
+}
+
+// out[i] = src[idx[i]] by rows; see Backend::gather_rows.
+void CudaBackend::gather_rows(const Tensor& src, const Tensor& idx, const Tensor& out) {
+  OpTimer timer(*this, "gather_rows");
+  constexpr const char* kOp = "gather_rows";
+  check_on(*this, kOp, "src", src);
+  check_on(*this, kOp, "idx", idx);
+  check_on(*this, kOp, "out", out);
+  const ops::GatherRowsDims d = ops::check_gather_rows(kOp, src, idx, out);
+  if (d.rows == 0 || d.row_words == 0) return;
+  const int threads = d.row_words >= 256 ? 256 : 32;
+  gather_rows_kernel<<<static_cast<unsigned>(std::min<int64_t>(d.rows, kMaxBlocks)), threads, 0,
+                       stream()>>>(static_cast<const uint32_t*>(src.data()),
+                                   idx.data_as<const int32_t>(), static_cast<uint32_t*>(out.data()),
+                                   d.rows, d.src_rows, d.row_words);
+  check_cuda(cudaGetLastError(), "gather_rows_kernel");
 }
 
 // Fills t (f32|bf16|f16) with uniform_at(seed, i, lo, hi) rounded to t's dtype:
