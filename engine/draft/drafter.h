@@ -24,6 +24,15 @@ struct DraftRow {
   const float* target_hidden = nullptr;
 };
 
+// A step's inputs that are already on the drafter's device, so that a greedy
+// round need not read its drafts back between steps.
+struct DraftDeviceInputs {
+  Tensor tokens;  // i32 [rows]: the token each row extends (replaces DraftRow::token)
+  // Step 0: f32 [rows, H_target], the target hiddens (replace DraftRow::target_hidden);
+  // empty at later steps.
+  Tensor hidden;
+};
+
 class Drafter {
  public:
   virtual ~Drafter() = default;
@@ -31,6 +40,13 @@ class Drafter {
   // One draft step for `rows` (a subset of the rows of step 0, in the same order).
   // Returns proposal logits f32 [rows.size(), V], valid until the next call.
   virtual Tensor step(int step_index, std::span<const DraftRow> rows) = 0;
+  // Whether step_on_device() is implemented.
+  virtual bool takes_device_inputs() const { return false; }
+  // As step(step_index, rows), reading each row's token (and, at step 0, its
+  // target hidden) from `inputs` rather than from `rows`, whose other fields
+  // still hold. Queues device work without waiting for it where it can.
+  virtual Tensor step_on_device(int step_index, std::span<const DraftRow> rows,
+                                const DraftDeviceInputs& inputs);
 };
 
 }  // namespace specula

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "engine/sampling/rng.h"
 #include "engine/sampling/sampler.h"
@@ -26,6 +28,7 @@ struct Row {
       history;          // prompt + generated (+ the drafts of the current round, popped after)
   int32_t pending = 0;  // emitted, not yet in the target cache
   std::vector<float> hidden;    // target post-norm hidden that produced `pending`
+  int64_t hidden_row = 0;       // device rounds: that hidden's row in the last target output
   int k = 0;                    // draft length of the next round
   int k_round = 0;              // draft length of the current round
   std::vector<int32_t> drafts;  // [k_round]
@@ -66,6 +69,49 @@ void validate(const gemma4::Gemma4Model& target, Drafter* drafter,
     }
   }
 }
+
+// The device side of greedy rounds whose tokens never leave the device between
+// steps (a drafter that takes device inputs; greedy rows without penalties):
+// each draft step's argmax lands in `ids`, the next step's tokens and the
+// verify window's tokens are gathered from there, and ONE download per round
+// brings back every draft and the target's choices. Sized for B rows and
+// drafts of up to max_k tokens; allocated once per decode() call.
+struct DeviceRounds {
+  int64_t B = 0, max_k = 0;
+  // i32 [pending: B | draft step s: B each, max_k of them | verify ids: B·(max_k+1)]
+  DeviceBuffer ids;
+  // i32 [hidden rows: B | verify gather: B·(max_k+1) | step s token gather: B each]
+  DeviceBuffer idx;
+  // i32 [verify tokens: B·(max_k+1) | step s tokens: B each]
+  DeviceBuffer gathered;
+  DeviceBuffer hidden;            // f32 [B, H]: step 0's target hiddens
+  std::vector<int32_t> host_idx;  // staging of `idx`, one upload per round
+  std::vector<int32_t> host_pending;
+  std::vector<int32_t> host_ids;  // the round's readback: drafts, then verify ids
+
+  DeviceRounds(Backend& be, int64_t rows, int64_t k, int64_t H) : B(rows), max_k(k) {
+    ids = DeviceBuffer(be, static_cast<size_t>(ids_size()) * sizeof(int32_t));
+    idx = DeviceBuffer(be, static_cast<size_t>(idx_size()) * sizeof(int32_t));
+    gathered = DeviceBuffer(be, static_cast<size_t>(verify_cap() + max_k * B) * sizeof(int32_t));
+    hidden = DeviceBuffer(be, static_cast<size_t>(B * H) * sizeof(float));
+    host_idx.resize(static_cast<size_t>(idx_size()));
+    host_pending.resize(static_cast<size_t>(B));
+    host_ids.resize(static_cast<size_t>(ids_size() - B));
+  }
+  int64_t verify_cap() const { return B * (max_k + 1); }
+  int64_t ids_size() const { return B + max_k * B + verify_cap(); }
+  int64_t idx_size() const { return B + verify_cap() + max_k * B; }
+  int64_t draft_at(int64_t s) const { return B + s * B; }  // in ids
+  int64_t verify_at() const { return B + max_k * B; }      // in ids
+  static Tensor slice(const DeviceBuffer& buf, int64_t total, int64_t at, int64_t n) {
+    return buf.view(DType::kI32, {total}).slice_rows(at, at + n);
+  }
+  Tensor ids_slice(int64_t at, int64_t n) const { return slice(ids, ids_size(), at, n); }
+  Tensor idx_slice(int64_t at, int64_t n) const { return slice(idx, idx_size(), at, n); }
+  Tensor gathered_slice(int64_t at, int64_t n) const {
+    return slice(gathered, verify_cap() + max_k * B, at, n);
+  }
+};
 
 }  // namespace
 
@@ -122,13 +168,19 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     be.download(t, staging->data());
     return staging->data();
   };
-  // Greedy rows without penalties on a device: the argmax runs there and only
-  // token ids come back (not [rows, V] logits).
-  const bool device_greedy =
-      !be.device().is_cpu() &&
-      std::all_of(requests.begin(), requests.end(), [](const DecodeRequest& r) {
-        return r.params.greedy() && !r.params.has_penalties();
-      });
+  // Greedy rows without penalties: the argmax runs on the backend and only
+  // token ids come back (not [rows, V] logits). With a drafter that takes
+  // device inputs, a whole round's tokens stay on the device (DeviceRounds).
+  const bool device_greedy = std::all_of(
+      requests.begin(), requests.end(),
+      [](const DecodeRequest& r) { return r.params.greedy() && !r.params.has_penalties(); });
+  // SPECULA_HOST_ROUNDS=1 keeps the host rounds (drafts read back every step),
+  // for A/B measurements; the outputs are the same either way.
+  const char* host_rounds = std::getenv("SPECULA_HOST_ROUNDS");
+  std::optional<DeviceRounds> dev;
+  if (device_greedy && drafter && drafter->takes_device_inputs() &&
+      !(host_rounds != nullptr && std::string(host_rounds) == "1"))
+    dev.emplace(be, static_cast<int64_t>(rows.size()), max_k, H);
   DeviceBuffer argmax_buffer;
   std::vector<int32_t> argmax_host;
   auto device_argmax = [&](const Tensor& logits) -> const int32_t* {
@@ -177,6 +229,10 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     return TokenHistory{.tokens = r.history, .num_prompt = r.request->prompt.size()};
   };
 
+  // The target hiddens the next round's step 0 reads (device rounds): the
+  // last target forward's output, which stays valid until the next forward.
+  Tensor last_hidden;
+
   // Prefill every prompt in one forward.
   const auto t_prefill = Clock::now();
   std::vector<gemma4::ForwardRow> fwd;
@@ -189,7 +245,7 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     const gemma4::ForwardOutput& out = target.forward(fwd, {.prefill = true});
     const int32_t* prefill_ids = device_greedy ? device_argmax(out.logits) : nullptr;
     const float* prefill_logits = device_greedy ? nullptr : on_host(out.logits, &logits_host);
-    const float* prefill_hidden = drafter ? on_host(out.hidden, &hidden_host) : nullptr;
+    const float* prefill_hidden = drafter && !dev ? on_host(out.hidden, &hidden_host) : nullptr;
     const double prefill_s = seconds_since(t_prefill);
     for (size_t i = 0; i < rows.size(); ++i) {
       Row& r = rows[i];
@@ -201,13 +257,16 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
         std::span<const float> logits(prefill_logits + i * V, static_cast<size_t>(V));
         r.pending = sample_token(logits, history_of(r), r.request->params, ws, r.rng);
       }
-      if (drafter) {
+      if (dev) {
+        r.hidden_row = static_cast<int64_t>(i);
+      } else if (drafter) {
         std::memcpy(r.hidden.data(), prefill_hidden + i * H,
                     static_cast<size_t>(H) * sizeof(float));
       }
       emit(i, r.pending);
       notify(i, 0);
     }
+    last_hidden = out.hidden;
   }
 
   const auto t_decode = Clock::now();
@@ -216,6 +275,8 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
   std::vector<size_t> draft_owner;
   std::vector<int32_t> verify_tokens;
   std::vector<int64_t> pos0;
+  std::vector<int64_t> row_slots;  // device rounds: [active, max_k] row index within step s
+  std::vector<int64_t> step_rows;  // device rounds: rows of step s
   active.reserve(rows.size());
   fwd.reserve(rows.size());
   pos0.reserve(rows.size());
@@ -236,8 +297,81 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       r.drafts.clear();
     }
 
+    // Device rounds: plan where every step's tokens come from (uploaded once).
+    int round_k = 0;  // the longest draft of this round
+    for (size_t i : active) round_k = std::max(round_k, rows[i].k_round);
+    if (dev) {
+      DeviceRounds& d = *dev;
+      int32_t* hidden_idx = d.host_idx.data();           // [B]
+      int32_t* verify_idx = hidden_idx + d.B;            // [B·(max_k+1)]
+      int32_t* token_idx = verify_idx + d.verify_cap();  // [max_k, B]
+      row_slots.assign(active.size() * static_cast<size_t>(max_k), -1);
+      step_rows.assign(static_cast<size_t>(round_k), 0);
+      for (int s = 0; s < round_k; ++s) {
+        int32_t n = 0;
+        for (size_t a = 0; a < active.size(); ++a) {
+          const Row& r = rows[active[a]];
+          if (r.k_round <= s) continue;
+          // Where this row's step-s token sits in `ids`: its pending token, or
+          // its step s-1 draft.
+          const size_t at = a * static_cast<size_t>(max_k);
+          token_idx[s * d.B + n] = static_cast<int32_t>(
+              s == 0 ? static_cast<int64_t>(a) : d.draft_at(s - 1) + row_slots[at + s - 1]);
+          if (s == 0) hidden_idx[n] = static_cast<int32_t>(r.hidden_row);
+          row_slots[at + static_cast<size_t>(s)] = n++;
+        }
+        step_rows[static_cast<size_t>(s)] = n;
+      }
+      int64_t m = 0;
+      for (size_t a = 0; a < active.size(); ++a) {
+        const Row& r = rows[active[a]];
+        d.host_pending[a] = r.pending;
+        verify_idx[m++] = static_cast<int32_t>(a);
+        for (int j = 0; j < r.k_round; ++j) {
+          verify_idx[m++] = static_cast<int32_t>(
+              d.draft_at(j) + row_slots[a * static_cast<size_t>(max_k) + static_cast<size_t>(j)]);
+        }
+      }
+      be.upload_async(d.host_pending.data(), d.ids_slice(0, static_cast<int64_t>(active.size())));
+      be.upload_async(d.host_idx.data(), d.idx_slice(0, d.idx_size()));
+    }
+
     // Draft: step s runs the rows whose draft length exceeds s.
-    for (int s = 0; drafter; ++s) {
+    for (int s = 0; drafter && dev; ++s) {
+      draft_rows.clear();
+      for (size_t i : active) {
+        Row& r = rows[i];
+        if (r.k_round <= s) continue;
+        draft_rows.push_back({.request = static_cast<int>(i),
+                              .token = 0,  // on the device
+                              .position = static_cast<int32_t>(r.kv.length()),
+                              .target_kv = &r.kv,
+                              .target_hidden = nullptr});
+      }
+      if (draft_rows.empty()) break;
+      DeviceRounds& d = *dev;
+      const int64_t n = static_cast<int64_t>(draft_rows.size());
+      const Tensor all_ids = d.ids_slice(0, d.ids_size());
+      // The rows of a step are those of the step before (or the active rows)
+      // minus the ones whose drafts ended: when none ended, their tokens are a
+      // contiguous run of `ids` already; else they are gathered.
+      const int64_t before =
+          s == 0 ? static_cast<int64_t>(active.size()) : step_rows[static_cast<size_t>(s - 1)];
+      DraftDeviceInputs in;
+      if (n == before) {
+        in.tokens = d.ids_slice(s == 0 ? 0 : d.draft_at(s - 1), n);
+      } else {
+        in.tokens = d.gathered_slice(d.verify_cap() + s * d.B, n);
+        be.gather_rows(all_ids, d.idx_slice(d.B + d.verify_cap() + s * d.B, n), in.tokens);
+      }
+      if (s == 0) {
+        in.hidden = d.hidden.view(DType::kF32, {n, H});
+        be.gather_rows(last_hidden, d.idx_slice(0, n), in.hidden);
+      }
+      const Tensor step_logits = drafter->step_on_device(s, draft_rows, in);
+      be.argmax_rows(step_logits, d.ids_slice(d.draft_at(s), n));
+    }
+    for (int s = 0; drafter && !dev; ++s) {
       draft_rows.clear();
       draft_owner.clear();
       for (size_t i : active) {
@@ -289,18 +423,49 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       Row& r = rows[i];
       const size_t begin = verify_tokens.size();
       verify_tokens.push_back(r.pending);
-      verify_tokens.insert(verify_tokens.end(), r.drafts.begin(), r.drafts.end());
-      fwd.push_back(
-          {.kv = &r.kv,
-           .tokens = std::span<const int32_t>(verify_tokens.data() + begin, 1 + r.drafts.size()),
-           .all_logits = true});
+      if (dev) {
+        // The drafts are on the device (ForwardOptions::token_ids); only the
+        // window's length matters here.
+        verify_tokens.insert(verify_tokens.end(), static_cast<size_t>(r.k_round), 0);
+      } else {
+        verify_tokens.insert(verify_tokens.end(), r.drafts.begin(), r.drafts.end());
+      }
+      fwd.push_back({.kv = &r.kv,
+                     .tokens = std::span<const int32_t>(verify_tokens.data() + begin,
+                                                        verify_tokens.size() - begin),
+                     .all_logits = true});
     }
     pos0.resize(active.size());
     for (size_t a = 0; a < active.size(); ++a) pos0[a] = rows[active[a]].kv.length();
-    const gemma4::ForwardOutput& out = target.forward(fwd);
-    const int32_t* verify_ids = device_greedy ? device_argmax(out.logits) : nullptr;
+    gemma4::ForwardOptions verify_options;
+    if (dev) {
+      const int64_t M = static_cast<int64_t>(verify_tokens.size());
+      verify_options.token_ids = dev->gathered_slice(0, M);
+      be.gather_rows(dev->ids_slice(0, dev->ids_size()), dev->idx_slice(dev->B, M),
+                     verify_options.token_ids);
+    }
+    const gemma4::ForwardOutput& out = target.forward(fwd, verify_options);
+    const int32_t* verify_ids = nullptr;
+    if (dev) {
+      // The round's one readback: every draft and the target's ids.
+      DeviceRounds& d = *dev;
+      const int64_t n_out = out.row_out_begin.back();
+      be.argmax_rows(out.logits, d.ids_slice(d.verify_at(), n_out));
+      be.download(d.ids_slice(d.B, d.verify_at() - d.B + n_out), d.host_ids.data());
+      verify_ids = d.host_ids.data() + (d.verify_at() - d.B);
+      for (size_t a = 0; a < active.size(); ++a) {
+        Row& r = rows[active[a]];
+        r.drafts.clear();
+        for (int j = 0; j < r.k_round; ++j) {
+          const int64_t slot = row_slots[a * static_cast<size_t>(max_k) + static_cast<size_t>(j)];
+          r.drafts.push_back(d.host_ids[static_cast<size_t>(d.draft_at(j) - d.B + slot)]);
+        }
+      }
+    } else if (device_greedy) {
+      verify_ids = device_argmax(out.logits);
+    }
     const float* verify_logits = device_greedy ? nullptr : on_host(out.logits, &logits_host);
-    const float* verify_hidden = drafter ? on_host(out.hidden, &hidden_host) : nullptr;
+    const float* verify_hidden = drafter && !dev ? on_host(out.hidden, &hidden_host) : nullptr;
 
     for (size_t a = 0; a < active.size(); ++a) {
       const size_t i = active[a];
@@ -362,7 +527,9 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       if (alive) {
         emit(i, next);
         r.pending = next;
-        if (drafter) {
+        if (dev) {
+          r.hidden_row = out0 + n;
+        } else if (drafter) {
           std::memcpy(r.hidden.data(), verify_hidden + (out0 + n) * H,
                       static_cast<size_t>(H) * sizeof(float));
         }
@@ -372,6 +539,7 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
         r.k = n == k ? std::min(r.k + 2, schedule.max_draft_tokens) : std::max(1, r.k - 1);
       }
     }
+    last_hidden = out.hidden;
   }
   const double decode_s = seconds_since(t_decode);
   std::vector<DecodeResult> results;

@@ -10,6 +10,13 @@
 // (accept with min(1, p/q), else sample normalize(max(p - q, 0)); bonus from p
 // when all are accepted), p and q processed by the same sampling pipeline.
 // Either way the emitted tokens are distributed exactly as without speculation.
+//
+// Greedy rows without penalties take their argmaxes on the backend. With a
+// drafter that takes device inputs (Drafter::takes_device_inputs) the whole
+// round stays there: each draft step's ids feed the next step and the verify
+// window without coming back, and the round ends in ONE readback of all drafts
+// and the target's ids (uploads are queued without waiting). Set
+// SPECULA_HOST_ROUNDS=1 to read the drafts back every step instead (for A/B runs).
 #pragma once
 
 #include <cstdint>

@@ -147,6 +147,38 @@ TEST_P(CudaSpeculation, GreedyOutputIdenticalWithAndWithoutDrafter) {
             << "batch " << batch << " k " << k << " row " << b;
       }
     }
+    // Uneven rows and adaptive draft lengths: later draft steps run a strict
+    // subset of the rows, whose tokens and hiddens are gathered on the device.
+    for (int b = 0; b < batch; ++b) reqs[static_cast<size_t>(b)].params.max_tokens = 9 + 5 * b;
+    const auto plain_uneven = spec::decode(*target, nullptr, reqs, {});
+    const auto adaptive = spec::decode(
+        *target, &source, reqs, {.draft_tokens = 3, .adaptive = true, .max_draft_tokens = 8});
+    for (int b = 0; b < batch; ++b) {
+      ASSERT_EQ(adaptive[static_cast<size_t>(b)].tokens,
+                plain_uneven[static_cast<size_t>(b)].tokens)
+          << "adaptive, batch " << batch << " row " << b;
+    }
+  }
+}
+
+// A greedy round on the GPU reads back once (its drafts and the target's ids
+// together), plus once for the prefill's first tokens, with either head.
+TEST(CudaSpeculationReadbacks, GreedyRoundsReadBackOncePerRound) {
+  SKIP_WITHOUT_CUDA();
+  for (const char* name : {"e2b_like_assistant_dense", "e2b_like_assistant"}) {
+    if (!have("e2b_like") || !have(name)) GTEST_SKIP() << "fixtures missing";
+    auto target = gemma4::Gemma4Model::load(golden("e2b_like"), on_cuda());
+    auto drafter =
+        assistant::AssistantDrafter::load(golden(name), target->config(), target->backend());
+    assistant::AssistantDraftSource source(*target, *drafter);
+    auto reqs = greedy_requests(3, target->config().vocab_size, 20);
+    for (int k : {1, 3, 6}) {
+      const int64_t before = target->backend().readback_count();
+      const auto out = spec::decode(*target, &source, reqs, {.draft_tokens = k});
+      int64_t rounds = 0;
+      for (const auto& r : out) rounds = std::max(rounds, r.stats.rounds);
+      EXPECT_EQ(target->backend().readback_count() - before, 1 + rounds) << name << " k " << k;
+    }
   }
 }
 
@@ -252,17 +284,21 @@ TEST(CudaGraphs, ReplayedStepsEqualDirectSteps) {
   model->set_graphs_enabled(true);
 }
 
-// Draft steps with the dense head are recorded and replayed too: their logits
-// equal the same steps run directly, bit for bit, over rounds of 4 steps while
-// the target's cache grows (across positions bounds and ring wraps), for one
-// row and for two rows.
-TEST(CudaGraphs, ReplayedDraftStepsEqualDirectSteps) {
+// Draft steps (dense head, and centroid head with its device top-k) are
+// recorded and replayed too: their logits equal the same steps run directly,
+// bit for bit, over rounds of 4 steps while the target's cache grows (across
+// positions bounds and ring wraps), for one row and for two rows.
+class CudaDraftGraphs : public ::testing::TestWithParam<bool> {};
+
+TEST_P(CudaDraftGraphs, ReplayedDraftStepsEqualDirectSteps) {
   SKIP_WITHOUT_CUDA();
-  if (!have("e2b_like") || !have("e2b_like_assistant_dense")) GTEST_SKIP();
+  const bool centroid = GetParam();
+  const char* drafter_name = centroid ? "e2b_like_assistant" : "e2b_like_assistant_dense";
+  if (!have("e2b_like") || !have(drafter_name)) GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden("e2b_like"), on_cuda());
-  auto drafter = assistant::AssistantDrafter::load(golden("e2b_like_assistant_dense"),
-                                                   target->config(), target->backend());
-  ASSERT_FALSE(drafter->centroid_head());
+  auto drafter =
+      assistant::AssistantDrafter::load(golden(drafter_name), target->config(), target->backend());
+  ASSERT_EQ(drafter->centroid_head(), centroid);
   assistant::AssistantDraftSource source(*target, *drafter);
   Backend& be = target->backend();
   const int vocab = target->config().vocab_size;
@@ -309,7 +345,10 @@ TEST(CudaGraphs, ReplayedDraftStepsEqualDirectSteps) {
     return all;
   };
   for (int n_rows : {1, 2}) {
+    const int64_t readbacks_before = be.readback_count();
     const std::vector<float> recorded = run(true, n_rows);
+    // One readback per draft step: the test's own download of the logits.
+    EXPECT_EQ(be.readback_count() - readbacks_before, 60 * 4) << n_rows << " rows";
     const std::vector<float> direct = run(false, n_rows);
     ASSERT_EQ(recorded.size(), direct.size());
     EXPECT_EQ(std::memcmp(recorded.data(), direct.data(), recorded.size() * sizeof(float)), 0)
@@ -317,6 +356,9 @@ TEST(CudaGraphs, ReplayedDraftStepsEqualDirectSteps) {
   }
   target->set_graphs_enabled(true);
 }
+
+INSTANTIATE_TEST_SUITE_P(Heads, CudaDraftGraphs, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Centroid" : "Dense"; });
 
 // Rule 8 on the device: after warm-up, decode and verify steps (and draft
 // steps) make no device allocation.

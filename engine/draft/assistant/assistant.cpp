@@ -146,21 +146,6 @@ uint64_t splitmix64(uint64_t* state) {
   return z ^ (z >> 31);
 }
 
-// Grows a host staging vector to at least n elements (never shrinks, so steady
-// steps of the same size allocate nothing).
-template <typename T>
-void grow(std::vector<T>* v, int64_t n) {
-  if (v->size() < static_cast<size_t>(n)) v->resize(static_cast<size_t>(n));
-}
-
-// Host pointer to t's f32 contents: t itself on the CPU, else downloaded into `staging`.
-const float* on_host(Backend& be, const Tensor& t, std::vector<float>* staging) {
-  if (t.device().is_cpu()) return t.data_as<const float>();
-  grow(staging, t.numel());
-  be.download(t, staging->data());
-  return staging->data();
-}
-
 }  // namespace
 
 AssistantConfig load_assistant_config(const std::string& path) {
@@ -361,7 +346,13 @@ void AssistantDrafter::init_after_weights() {
   for (const gemma4::LayerSpec& l : t.layers)
     max_width = std::max<int64_t>(max_width, l.intermediate_size);
   be.reserve_scratch(0, max_width);
-  if (centroid_head()) centroid_order_.resize(static_cast<size_t>(c.num_centroids));
+  if (centroid_head()) {
+    // The token ordering on the device as [G, V/G]: row g lists centroid g's tokens.
+    const int64_t G = c.num_centroids, per = t.vocab_size / G;
+    ordering_buffer_ = DeviceBuffer(be, ordering_.size() * sizeof(int32_t));
+    ordering_device_ = ordering_buffer_.view(DType::kI32, {G, per});
+    be.upload(ordering_.data(), ordering_device_);
+  }
 }
 
 std::string AssistantDrafter::head_description() const {
@@ -377,6 +368,7 @@ std::string AssistantDrafter::head_description() const {
 // Device scratch of the centroid head for one step (carved from the step arena).
 struct AssistantDrafter::CentroidScratch {
   Tensor scores;            // f32 [B, G]
+  Tensor top;               // i32 [B, K]: the best centroids, best first
   Tensor candidates;        // i32 [B, K · V/G]
   Tensor candidate_rows;    // f32 [K · V/G, Ha], reused row after row
   Tensor candidate_scores;  // f32 [B, K · V/G]
@@ -418,6 +410,7 @@ DraftStepOutputs AssistantDrafter::step(const DraftStepInputs& in, DonorAttentio
     s.tokens = a.alloc(DType::kI32, {B});
     if (centroids) {
       cs.scores = a.alloc(DType::kF32, {B, G});
+      cs.top = a.alloc(DType::kI32, {B, int64_t{config_.centroid_intermediate_top_k}});
       cs.candidates = a.alloc(DType::kI32, {B, n_cand});
       cs.candidate_rows = a.alloc(DType::kF32, {n_cand, Ha});
       cs.candidate_scores = a.alloc(DType::kF32, {B, n_cand});
@@ -484,11 +477,10 @@ DraftStepOutputs AssistantDrafter::step(const DraftStepInputs& in, DonorAttentio
 // Centroid head (§10.3 step 5): score the centroids, keep the top-k clusters,
 // score only their tokens, and fill every other logit with (min score − 1).
 //
-// Scores are products on the device; the top-k, the fill and the scatter run on
-// the host: one readback of the [B, G] centroid scores and one of the [B, K·V/G]
-// candidate scores per step, then an upload of the built [B, V] logits (on the
-// CPU these are plain views, no copies). Device-side top-k, fill and scatter are
-// future work (they need ops the Backend does not have yet).
+// Every stage is a backend op (nothing is read back, so the step can be
+// recorded): top_k_rows picks the clusters in torch.topk order, gather_rows
+// expands them into candidate ids through the token ordering, each row's
+// candidates are embedded and scored, and fill_scatter_rows spreads the scores.
 void AssistantDrafter::centroid_logits(const Tensor& h, const CentroidScratch& s,
                                        const Tensor& logits) {
   Backend& be = *backend_;
@@ -496,44 +488,16 @@ void AssistantDrafter::centroid_logits(const Tensor& h, const CentroidScratch& s
   const int64_t V = config_.text.vocab_size;
   const int64_t G = config_.num_centroids, K = config_.centroid_intermediate_top_k;
   const int64_t per = V / G, n_cand = K * per;
-  std::vector<int32_t>& order = centroid_order_;
 
   be.linear(h, weights_.centroids, s.scores);
-  const float* scores = on_host(be, s.scores, &centroid_scores_host_);
-  const bool host_ids = s.candidates.device().is_cpu();
-  if (!host_ids) grow(&candidates_host_, B * n_cand);
-  int32_t* ids_all = host_ids ? s.candidates.data_as<int32_t>() : candidates_host_.data();
-  for (int64_t b = 0; b < B; ++b) {
-    const float* sc = scores + b * G;
-    std::iota(order.begin(), order.end(), 0);
-    // torch.topk order: descending score, lower index first among equals.
-    std::partial_sort(order.begin(), order.begin() + K, order.end(),
-                      [&](int32_t x, int32_t y) { return sc[x] != sc[y] ? sc[x] > sc[y] : x < y; });
-    int32_t* ids = ids_all + b * n_cand;
-    for (int64_t k = 0; k < K; ++k) {
-      std::memcpy(ids + k * per, ordering_.data() + order[static_cast<size_t>(k)] * per,
-                  static_cast<size_t>(per) * sizeof(int32_t));
-    }
-  }
-  if (!host_ids) be.upload(candidates_host_.data(), s.candidates);
+  be.top_k_rows(s.scores, s.top);
+  be.gather_rows(ordering_device_, s.top.reshape({B * K}), s.candidates.reshape({B * K, per}));
   for (int64_t b = 0; b < B; ++b) {
     be.embedding(weights_.embed_tokens, s.candidates.row(b), 1.0f, s.candidate_rows);
     be.linear(h.row(b).reshape({1, Ha}), s.candidate_rows,
               s.candidate_scores.row(b).reshape({1, n_cand}));
   }
-  const float* cand_scores = on_host(be, s.candidate_scores, &candidate_scores_host_);
-  const bool host_logits = logits.device().is_cpu();
-  if (!host_logits) grow(&logits_host_, B * V);
-  float* out_all = host_logits ? logits.data_as<float>() : logits_host_.data();
-  for (int64_t b = 0; b < B; ++b) {
-    const float* cs = cand_scores + b * n_cand;
-    const int32_t* ids = ids_all + b * n_cand;
-    const float fill = *std::min_element(cs, cs + n_cand) - 1.0f;
-    float* out = out_all + b * V;
-    std::fill(out, out + V, fill);
-    for (int64_t j = 0; j < n_cand; ++j) out[ids[j]] = cs[j];
-  }
-  if (!host_logits) be.upload(logits_host_.data(), logits);
+  be.fill_scatter_rows(s.candidate_scores, s.candidates, logits);
 }
 
 }  // namespace specula::assistant

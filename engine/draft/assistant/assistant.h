@@ -129,12 +129,9 @@ class AssistantDrafter {
   DeviceBuffer inv_freq_buffer_;
   Tensor inv_freq_sliding_, inv_freq_full_;  // f32 [Ds/2], [Df/2] on the device
   Arena arena_;                              // device scratch of one step, sized by a dry run
-  // Centroid-head host staging, grown to the largest step (steps allocate nothing after).
-  std::vector<float> centroid_scores_host_;   // [B, G] downloaded centroid scores
-  std::vector<int32_t> candidates_host_;      // [B, K · V/G] candidate ids, uploaded
-  std::vector<float> candidate_scores_host_;  // [B, K · V/G] downloaded candidate scores
-  std::vector<float> logits_host_;            // [B, V] built here, uploaded (non-CPU devices)
-  std::vector<int32_t> centroid_order_;       // [G]
+  // Centroid head: the token ordering on the device, i32 [G, V/G].
+  DeviceBuffer ordering_buffer_;
+  Tensor ordering_device_;
 };
 
 }  // namespace specula::assistant

@@ -24,6 +24,29 @@ AssistantDraftSource::AssistantDraftSource(gemma4::Gemma4Model& target, Assistan
 }
 
 Tensor AssistantDraftSource::step(int step_index, std::span<const DraftRow> rows) {
+  return draft_step(step_index, rows, nullptr);
+}
+
+Tensor AssistantDraftSource::step_on_device(int step_index, std::span<const DraftRow> rows,
+                                            const DraftDeviceInputs& inputs) {
+  const int64_t B = static_cast<int64_t>(rows.size());
+  const int64_t Hb = drafter_.config().backbone_hidden_size;
+  const Device dev = backend_.device();
+  if (inputs.tokens.dtype() != DType::kI32 || inputs.tokens.shape() != Shape{B} ||
+      inputs.tokens.device() != dev) {
+    fail("draft step {}: device tokens {} must be i32 [{}] on {}", step_index,
+         inputs.tokens.describe(), B, dev.str());
+  }
+  if (step_index == 0 && (inputs.hidden.dtype() != DType::kF32 ||
+                          inputs.hidden.shape() != Shape{B, Hb} || inputs.hidden.device() != dev)) {
+    fail("draft step 0: device hiddens {} must be f32 [{}, {}] on {}", inputs.hidden.describe(), B,
+         Hb, dev.str());
+  }
+  return draft_step(step_index, rows, &inputs);
+}
+
+Tensor AssistantDraftSource::draft_step(int step_index, std::span<const DraftRow> rows,
+                                        const DraftDeviceInputs* device) {
   Backend& be = backend_;
   const int64_t B = static_cast<int64_t>(rows.size());
   const int64_t Hb = drafter_.config().backbone_hidden_size;
@@ -49,33 +72,42 @@ Tensor AssistantDraftSource::step(int step_index, std::span<const DraftRow> rows
     SPECULA_CHECK(r.target_kv != nullptr && r.target_kv->length() > 0,
                   "draft step {}: request {} needs a prefilled target cache", step_index,
                   r.request);
-    host_ids_[static_cast<size_t>(b)] = r.token;
+    host_ids_[static_cast<size_t>(b)] = device ? 0 : r.token;
     host_ids_[static_cast<size_t>(B + b)] = r.position;
     host_ids_[static_cast<size_t>(2 * B + b)] = static_cast<int32_t>(r.target_kv->length() - 1);
     kvs_.push_back(r.target_kv);
   }
-  be.upload(host_ids_.data(), ids_positions);
+  // Queued without a wait: the host goes on to queue the step behind it.
+  be.upload_async(host_ids_.data(), ids_positions);
+  if (device) be.copy(device->tokens, ids_positions.row(0));
 
   Tensor hidden;
   if (step_index == 0) {
-    // A new round: the chain restarts from the target's hiddens (host pointers).
+    // A new round: the chain restarts from the target's hiddens (host pointers
+    // or, with device inputs, a device tensor).
     if (chain_.size() < static_cast<size_t>(B * Hb) * sizeof(float)) {
       chain_ = DeviceBuffer(be, static_cast<size_t>(B * Hb) * sizeof(float));
     }
-    host_hidden_.resize(static_cast<size_t>(B * Hb));
+    if (!device) host_hidden_.resize(static_cast<size_t>(B * Hb));
     chain_requests_.clear();
     for (int64_t b = 0; b < B; ++b) {
       const DraftRow& r = rows[static_cast<size_t>(b)];
-      SPECULA_CHECK(r.target_hidden != nullptr,
-                    "draft step 0 of request {} needs the target hidden", r.request);
-      std::memcpy(host_hidden_.data() + b * Hb, r.target_hidden,
-                  static_cast<size_t>(Hb) * sizeof(float));
+      if (!device) {
+        SPECULA_CHECK(r.target_hidden != nullptr,
+                      "draft step 0 of request {} needs the target hidden", r.request);
+        std::memcpy(host_hidden_.data() + b * Hb, r.target_hidden,
+                    static_cast<size_t>(Hb) * sizeof(float));
+      }
       chain_requests_.push_back(r.request);
     }
     slots_.resize(static_cast<size_t>(B));
     for (int64_t b = 0; b < B; ++b) slots_[static_cast<size_t>(b)] = b;
     hidden = chain_.view(DType::kF32, {B, Hb});
-    be.upload(host_hidden_.data(), hidden);
+    if (device) {
+      be.copy(device->hidden, hidden);
+    } else {
+      be.upload_async(host_hidden_.data(), hidden);
+    }
   } else {
     // Find each row's chain row (rows keep step 0's order, so the search walks forward).
     slots_.resize(static_cast<size_t>(B));
@@ -111,11 +143,9 @@ Tensor AssistantDraftSource::step(int step_index, std::span<const DraftRow> rows
   }
 
   // The device work from here on depends on the host only through pointers
-  // and shapes: with the dense head it is recorded the second time its shape
-  // is seen and replayed after (like the target's steps; the centroid head
-  // reads scores back, so it always runs directly).
-  const bool graph_ok =
-      be.supports_graphs() && target_.graphs_enabled() && !drafter_.centroid_head();
+  // and shapes: it is recorded the second time its shape is seen and replayed
+  // after (like the target's steps).
+  const bool graph_ok = be.supports_graphs() && target_.graphs_enabled();
   if (!graph_ok) return run_step(ids_positions, embeds, hidden, B);
   std::vector<int64_t>& key = graph_key_;
   key.clear();

@@ -22,8 +22,14 @@ class AssistantDraftSource : public Drafter {
   int64_t vocab_size() const override { return drafter_.config().text.vocab_size; }
   // Returns f32 [rows.size(), V] logits on the models' device.
   Tensor step(int step_index, std::span<const DraftRow> rows) override;
+  bool takes_device_inputs() const override { return true; }
+  Tensor step_on_device(int step_index, std::span<const DraftRow> rows,
+                        const DraftDeviceInputs& inputs) override;
 
  private:
+  // Both step()s: tokens and step-0 hiddens from `device` when given, else from `rows`.
+  Tensor draft_step(int step_index, std::span<const DraftRow> rows,
+                    const DraftDeviceInputs* device);
   // The device work of a step after its uploads (recordable with the dense head).
   Tensor run_step(const Tensor& ids_positions, const Tensor& embeds, const Tensor& hidden,
                   int64_t B);

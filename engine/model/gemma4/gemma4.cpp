@@ -267,13 +267,20 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
     if (row.kv == nullptr) fail("forward row {} has no KV cache", r);
     if (row.tokens.empty()) fail("forward row {} has no tokens", r);
     row.kv->check_room(static_cast<int64_t>(row.tokens.size()));
-    for (int32_t id : row.tokens) {
+    for (int32_t id : options.token_ids.empty() ? std::span<const int32_t>() : row.tokens) {
       if (id < 0 || id >= c.vocab_size || (c.has_ple() && id >= c.vocab_size_per_layer_input)) {
         fail("token id {} in row {} is outside the vocabulary of {} tokens", id, r, c.vocab_size);
       }
     }
     M += static_cast<int64_t>(row.tokens.size());
     n_out += row.all_logits ? static_cast<int64_t>(row.tokens.size()) : 1;
+  }
+  if (!options.token_ids.empty()) {
+    const Tensor& ids = options.token_ids;
+    if (ids.dtype() != DType::kI32 || ids.shape() != Shape{M} || ids.device() != be.device()) {
+      fail("forward: token_ids {} must be i32 [{}] on {} (one id per token of the rows)",
+           ids.describe(), M, be.device().str());
+    }
   }
 
   plans_.resize(rows.size());
@@ -365,7 +372,9 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
       host_inputs_[static_cast<size_t>(M + p.begin + i)] = static_cast<int32_t>(p.pos0 + i);
     }
   }
-  be.upload(host_inputs_.data(), s.inputs);  // one transfer (and one wait) per forward
+  // One transfer per forward, queued without waiting for the device.
+  be.upload_async(host_inputs_.data(), s.inputs);
+  if (!options.token_ids.empty()) be.copy(options.token_ids, s.ids);
 
   // Cache bookkeeping of the rows that are not gathered: where each layer's
   // new rows go (the device ops that write them are part of the step).

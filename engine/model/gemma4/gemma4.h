@@ -44,6 +44,12 @@ struct ForwardOptions {
   // slightly from decoding the same tokens one step at a time, so set it only
   // where every run of a request prefills the same way (the decoder's prefill).
   bool prefill = false;
+  // When set (i32 [M] on the model's device, M = all rows' tokens), the token
+  // ids are read from it, row after row, and ForwardRow::tokens only gives each
+  // row's length (its values are not read): a speculative round passes drafts
+  // the host has not read back. The ids are trusted to be in the vocabulary
+  // (they come from an argmax over it).
+  Tensor token_ids;
 };
 
 // Results of one forward. Views (on the model's device) point into its scratch and stay valid

@@ -90,6 +90,28 @@ class OracleDrafter : public Drafter {
   OracleDrafter(std::map<int, std::vector<int32_t>> truth, int64_t vocab)
       : truth_(std::move(truth)), vocab_(vocab) {}
   int64_t vocab_size() const override { return vocab_; }
+  // With device inputs (the decoder's device rounds), each row's token must be
+  // the one the host path would pass: the pending token at step 0, then this
+  // drafter's own previous proposal.
+  bool takes_device_inputs() const override { return device_inputs_; }
+  Tensor step_on_device(int step_index, std::span<const DraftRow> rows,
+                        const DraftDeviceInputs& inputs) override {
+    EXPECT_EQ(inputs.tokens.dim(0), static_cast<int64_t>(rows.size()));
+    EXPECT_EQ(inputs.hidden.empty(), step_index != 0);
+    for (size_t b = 0; b < rows.size(); ++b) {
+      const DraftRow& r = rows[b];
+      const int32_t got = inputs.tokens.data_as<const int32_t>()[b];
+      int32_t want;
+      if (step_index == 0) {
+        const auto& t = truth_[r.request];
+        want = t[static_cast<size_t>(r.position) - prompt_len_[r.request]];
+      } else {
+        want = proposed_[{r.request, step_index - 1}];
+      }
+      if (got != want) ++token_errors_;
+    }
+    return step(step_index, rows);
+  }
   Tensor step(int step_index, std::span<const DraftRow> rows) override {
     logits_ = HostTensor(DType::kF32, {static_cast<int64_t>(rows.size()), vocab_});
     for (size_t b = 0; b < rows.size(); ++b) {
@@ -102,20 +124,28 @@ class OracleDrafter : public Drafter {
       if ((r.position + step_index) % 5 == 3)
         tok = (tok + 1) % static_cast<int32_t>(vocab_);  // scripted miss
       logits_.data<float>()[static_cast<int64_t>(b) * vocab_ + tok] = 10.0f;
+      proposed_[{r.request, step_index}] = tok;
       ++calls_;
     }
     return logits_;
   }
   std::map<int, size_t> prompt_len_;
   int64_t calls_ = 0;
+  bool device_inputs_ = false;
+  int64_t token_errors_ = 0;
 
  private:
+  std::map<std::pair<int, int>, int32_t> proposed_;  // (request, step) -> proposal
   std::map<int, std::vector<int32_t>> truth_;
   int64_t vocab_;
   HostTensor logits_;
 };
 
-TEST(SpeculationOracle, MostlyRightDrafterIsLosslessAndAccepts) {
+// Host rounds (drafts read back every step) and device rounds (drafts stay on
+// the device until the round's one readback) must both be lossless.
+class SpeculationOracle : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SpeculationOracle, MostlyRightDrafterIsLosslessAndAccepts) {
   if (!testing::golden_exists("moe")) GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden_dir("moe"));
   const int vocab = target->config().vocab_size;
@@ -125,8 +155,10 @@ TEST(SpeculationOracle, MostlyRightDrafterIsLosslessAndAccepts) {
   for (int i = 0; i < 3; ++i) truth[i] = plain[static_cast<size_t>(i)].tokens;
   for (int k : {1, 3, 6}) {
     OracleDrafter oracle(truth, vocab);
+    oracle.device_inputs_ = GetParam();
     for (int i = 0; i < 3; ++i) oracle.prompt_len_[i] = reqs[static_cast<size_t>(i)].prompt.size();
     const auto specd = spec::decode(*target, &oracle, reqs, {.draft_tokens = k});
+    EXPECT_EQ(oracle.token_errors_, 0) << "k " << k;
     for (int i = 0; i < 3; ++i) {
       const auto& r = specd[static_cast<size_t>(i)];
       ASSERT_EQ(r.tokens, plain[static_cast<size_t>(i)].tokens) << "k " << k;
@@ -136,6 +168,49 @@ TEST(SpeculationOracle, MostlyRightDrafterIsLosslessAndAccepts) {
           << "k " << k;
       EXPECT_EQ(r.stats.accepted + r.stats.rounds + 1, r.stats.generated_tokens)
           << "every round commits accepted + 1 tokens, plus the prefill's token";
+    }
+  }
+  // Rows of different lengths and an adaptive draft length: the rows of later
+  // steps are strict subsets of earlier ones, so tokens and hiddens are gathered.
+  auto uneven = reqs;
+  for (size_t i = 0; i < uneven.size(); ++i)
+    uneven[i].params.max_tokens = 12 + 7 * static_cast<int>(i);
+  const auto plain_uneven = spec::decode(*target, nullptr, uneven, {});
+  OracleDrafter oracle(truth, vocab);
+  oracle.device_inputs_ = GetParam();
+  for (int i = 0; i < 3; ++i) oracle.prompt_len_[i] = reqs[static_cast<size_t>(i)].prompt.size();
+  const auto adaptive = spec::decode(*target, &oracle, uneven,
+                                     {.draft_tokens = 2, .adaptive = true, .max_draft_tokens = 7});
+  EXPECT_EQ(oracle.token_errors_, 0);
+  for (size_t i = 0; i < uneven.size(); ++i) {
+    EXPECT_EQ(adaptive[i].tokens, plain_uneven[i].tokens) << "row " << i;
+    EXPECT_GT(adaptive[i].stats.acceptance_rate(), 0.5) << "row " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Rounds, SpeculationOracle, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Device" : "Host"; });
+
+// A greedy round with a drafter that takes device inputs reads back once:
+// its drafts and the target's choices together (plus one readback for the
+// prefill's first tokens).
+// Both heads: the centroid head's top-k runs on the backend too.
+TEST(SpeculationReadbacks, GreedyDeviceRoundsReadBackOncePerRound) {
+  for (const char* name : {"e2b_like_assistant_dense", "e2b_like_assistant"}) {
+    if (!testing::golden_exists("e2b_like") || !testing::golden_exists(name))
+      GTEST_SKIP() << "fixtures missing";
+    auto target = gemma4::Gemma4Model::load(golden_dir("e2b_like"));
+    auto drafter =
+        assistant::AssistantDrafter::load(golden_dir(name), target->config(), target->backend());
+    assistant::AssistantDraftSource source(*target, *drafter);
+    ASSERT_TRUE(source.takes_device_inputs());
+    auto reqs = greedy_requests(3, target->config().vocab_size, 20);
+    for (int k : {1, 4}) {
+      const int64_t before = target->backend().readback_count();
+      const auto out = spec::decode(*target, &source, reqs, {.draft_tokens = k});
+      int64_t rounds = 0;  // loop iterations: until the longest-running row is done
+      for (const auto& r : out) rounds = std::max(rounds, r.stats.rounds);
+      EXPECT_EQ(target->backend().readback_count() - before, 1 + rounds) << name << " k " << k;
     }
   }
 }

@@ -1,0 +1,16 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "engine/draft/drafter.h"
+
+#include "engine/core/error.h"
+
+namespace specula {
+
+Tensor Drafter::step_on_device(int step_index, std::span<const DraftRow> /*rows*/,
+                               const DraftDeviceInputs& /*inputs*/) {
+  fail(
+      "draft step {}: this drafter takes no device-resident inputs (takes_device_inputs() is "
+      "false)",
+      step_index);
+}
+
+}  // namespace specula
