@@ -254,6 +254,70 @@ TEST(CudaFused, RmsNormAddNormRowIsBatchInvariant) {
   }
 }
 
+// For a few rows, rms_norm_add_norm also leaves next_out's bf16 split for the
+// product right after it (which then runs no split kernel): every product
+// kind must give the bits it gives for the same x split afresh, with odd
+// widths (zero padding of the last step) and the second 8-row tile; and an op
+// in between (here one rewriting next_out) must make the product split again.
+TEST(CudaFused, ProductsAfterTheNormReadItsSplitExactly) {
+  SKIP_WITHOUT_CUDA();
+  for (int64_t rows : {int64_t{2}, int64_t{5}, int64_t{13}}) {
+    for (int64_t d : {int64_t{256}, int64_t{200}, int64_t{1100}}) {
+      const std::string what = "rows " + std::to_string(rows) + " d " + std::to_string(d);
+      const int64_t n = 40;
+      Twin x(DType::kF32, {rows, d});
+      Twin residual(DType::kF32, {rows, d});
+      Twin w(DType::kBF16, {d});
+      Twin nw(DType::kBF16, {d});
+      Twin wq(DType::kBF16, {n, d});
+      Twin wk(DType::kBF16, {n / 2, d});
+      Twin wu(DType::kBF16, {n, d});
+      x.randomize(70 + rows);
+      residual.randomize(71 + d, -2.0f, 2.0f);
+      w.randomize(72, 0.5f, 1.5f);
+      nw.randomize(73, 0.5f, 1.5f);
+      wq.randomize(74, -0.5f, 0.5f);
+      wk.randomize(75, -0.5f, 0.5f);
+      wu.randomize(76, -0.5f, 0.5f);
+      Twin out(DType::kF32, {rows, d});
+      Twin copy(DType::kF32, {rows, d});
+      Twin y(DType::kF32, {rows, n}), y_ref(DType::kF32, {rows, n});
+      Twin yk(DType::kF32, {rows, n / 2}), yk_ref(DType::kF32, {rows, n / 2});
+      Twin up(DType::kF32, {rows, n});
+      // A fresh product of the same values (copied: the split comes from its own kernel).
+      auto norm = [&] {
+        residual.push();
+        gpu_be().rms_norm_add_norm(x.dev, w.dev, 1e-6f, residual.dev, 1.0f, nw.dev, out.dev);
+      };
+      norm();
+      gpu_be().linear(out.dev, wq.dev, y.dev);
+      gpu_be().copy(out.dev, copy.dev);
+      gpu_be().linear(copy.dev, wq.dev, y_ref.dev);
+      expect_bits_equal(y.pull(), y_ref.pull(), "linear after the norm, " + what);
+
+      norm();
+      gpu_be().linear_multi(out.dev, std::vector<LinearOut>{{wq.dev, y.dev}, {wk.dev, yk.dev}});
+      gpu_be().linear_multi(copy.dev,
+                            std::vector<LinearOut>{{wq.dev, y_ref.dev}, {wk.dev, yk_ref.dev}});
+      expect_bits_equal(y.pull(), y_ref.pull(), "linear_multi after the norm, " + what);
+      expect_bits_equal(yk.pull(), yk_ref.pull(), "linear_multi after the norm, " + what);
+
+      norm();
+      gpu_be().linear_gelu_mul(out.dev, wq.dev, wu.dev, y.dev, up.dev);
+      gpu_be().linear_gelu_mul(copy.dev, wq.dev, wu.dev, y_ref.dev, up.dev);
+      expect_bits_equal(y.pull(), y_ref.pull(), "linear_gelu_mul after the norm, " + what);
+
+      // An op between the norm and the product: the product must split the new x.
+      norm();
+      gpu_be().scale(out.dev, 3.0f, out.dev);
+      gpu_be().linear(out.dev, wq.dev, y.dev);
+      gpu_be().scale(copy.dev, 3.0f, copy.dev);
+      gpu_be().linear(copy.dev, wq.dev, y_ref.dev);
+      expect_bits_equal(y.pull(), y_ref.pull(), "linear after norm + scale, " + what);
+    }
+  }
+}
+
 TEST(CudaFused, RmsNormAddNormRejectsBadArguments) {
   SKIP_WITHOUT_CUDA();
   Twin x(DType::kF32, {2, 8}), residual(DType::kF32, {2, 8}), out(DType::kF32, {2, 8});

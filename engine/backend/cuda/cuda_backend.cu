@@ -108,6 +108,7 @@ void CudaBackend::reserve_scratch(int64_t max_keys, int64_t max_width) {
 }
 
 void CudaBackend::upload(const void* host, const Tensor& dst) {
+  ++op_seq_;
   check_on(*this, "upload", "dst", dst);
   if (capturing_) fail("upload: not allowed while a step is being recorded");
   if (dst.nbytes() == 0) return;
@@ -127,6 +128,7 @@ void CudaBackend::download(const Tensor& src, void* host) {
 }
 
 void CudaBackend::upload_async(const void* host, const Tensor& dst) {
+  ++op_seq_;
   check_on(*this, "upload_async", "dst", dst);
   if (capturing_) fail("upload_async: not allowed while a step is being recorded");
   const size_t bytes = dst.nbytes();
@@ -194,6 +196,7 @@ class CudaStepGraph final : public StepGraph {
 }  // namespace
 
 void CudaBackend::begin_capture() {
+  ++op_seq_;
   if (capturing_) fail("cuda: begin_capture while a step is already being recorded");
   if (profiling_enabled()) {
     fail("cuda: steps cannot be recorded with SPECULA_CUDA_PROFILE=1 (it synchronises every op)");
@@ -219,6 +222,7 @@ std::unique_ptr<StepGraph> CudaBackend::end_capture() {
 }
 
 bool CudaBackend::replay(StepGraph& graph) {
+  ++op_seq_;
   auto* g = dynamic_cast<CudaStepGraph*>(&graph);
   if (g == nullptr || g->owner_ != this) fail("cuda: replay of a graph recorded elsewhere");
   if (capturing_) fail("cuda: replay while a step is being recorded");
@@ -251,6 +255,7 @@ bool profiling_enabled() {
 }
 
 OpTimer::OpTimer(CudaBackend& be, const char* op) : op_(op) {
+  ++be.op_seq_;
   if (!profiling_enabled()) return;
   be_ = &be;
   be.synchronize();

@@ -144,6 +144,27 @@ class CudaBackend final : public Backend {
   Scratch x_split_;          // activations split into bf16 terms for the tensor-core products
   int64_t reserved_keys_ = 0;
 
+  // Ops queued so far (bumped by every op, upload and replay): lets a product
+  // know its x was written by the op right before it.
+  uint64_t op_seq_ = 0;
+  // x_split as a producer left it: the split of `x` [m, k], written by op
+  // number `op`. Only the very next op may use it (any op in between could
+  // have changed x or x_split); taking it clears it.
+  struct ReadySplit {
+    const void* x = nullptr;
+    int64_t m = 0, k = 0;
+    uint64_t op = 0;
+  };
+  ReadySplit ready_split_;
+  // Called by a product of x [m, k] (after its OpTimer): whether x_split holds
+  // x's split already.
+  bool take_ready_split(const Tensor& x, int64_t m, int64_t k) {
+    const bool ready = ready_split_.x == x.data() && ready_split_.m == m && ready_split_.k == k &&
+                       ready_split_.op + 1 == op_seq_;
+    ready_split_ = {};
+    return ready;
+  }
+
  private:
   void linear_rows_above(const Tensor& x, const Tensor& w, const Tensor& y, int64_t gemm_rows);
 

@@ -799,6 +799,7 @@ void CudaBackend::gather_rows(const Tensor& src, const Tensor& idx, const Tensor
 // Fills t (f32|bf16|f16) with uniform_at(seed, i, lo, hi) rounded to t's dtype:
 // bit-identical to the CPU backend's fill_uniform.
 void CudaBackend::fill_uniform(const Tensor& t, uint64_t seed, float lo, float hi) {
+  ++op_seq_;
   check_on(*this, "fill_uniform", "t", t);
   check_float("fill_uniform", "t", t);
   const int64_t n = t.numel();

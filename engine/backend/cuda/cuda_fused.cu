@@ -18,6 +18,8 @@
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/backend/cuda/cuda_device_common.cuh"
 #include "engine/backend/cuda/cuda_launch.cuh"
+#include "engine/backend/cuda/cuda_linear_mma.h"
+#include "engine/backend/cuda/cuda_split.cuh"
 
 namespace specula::cuda {
 namespace {
@@ -84,7 +86,8 @@ template <DType kW, DType kN, int kGroup>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_add_norm_kernel(const float* x, const void* weight, float eps, float* residual,
                              float post_scale, const void* next_weight, float* next_out,
-                             int64_t rows, int64_t d) {
+                             int64_t rows, int64_t d, __nv_bfloat16* split,
+                             int64_t split_row_chunks) {
   pdl_enter();
   constexpr int kRowsPerBlock = kThreads / kGroup;
   __shared__ double partials[kThreads / 32];
@@ -117,7 +120,13 @@ __global__ void __launch_bounds__(kThreads)
     const float next_inv = rms_inv(next_sum, d, eps);
     float* orow = next_out + r * d;
     for (int64_t c = lane; c < d; c += kGroup) {
-      orow[c] = rms_apply<kN>(rrow[c], next_inv, next_weight, c);
+      const float out = rms_apply<kN>(rrow[c], next_inv, next_weight, c);
+      orow[c] = out;
+      if (split != nullptr) store_split(split, split_row_chunks, r, c, out);
+    }
+    if (split != nullptr) {  // the row's zero padding up to whole steps
+      for (int64_t c = d + lane; c < split_row_chunks * 8; c += kGroup)
+        store_split(split, split_row_chunks, r, c, 0.0f);
     }
   }
 }
@@ -342,6 +351,16 @@ void CudaBackend::rms_norm_add_norm(const Tensor& x, const Tensor& weight, float
   const int64_t rows = x.numel() / d;
   const DType wdt = weight.empty() ? DType::kF32 : weight.dtype();
   const DType ndt = next_weight.empty() ? DType::kF32 : next_weight.dtype();
+  // next_out is what the products after this op read (the next layer's q/k/v,
+  // the MLP): for a few rows (verify windows, batched rows) they read it as its
+  // bf16 split, which is written here too, saving them a split kernel (one row
+  // is split inside the decode product instead).
+  __nv_bfloat16* split = nullptr;
+  const int64_t split_row_chunks = split_chunks(d);
+  if (rows > 1 && rows <= kInvariantRows) {
+    split = static_cast<__nv_bfloat16*>(scratch(x_split_, mma_split_bytes(rows, d)));
+    ready_split_ = {next_out.data(), rows, d, op_seq_};
+  }
   with_float_dtype(wdt, [&](auto wtag) {
     with_float_dtype(ndt, [&](auto ntag) {
       constexpr DType kW = decltype(wtag)::value;
@@ -350,12 +369,12 @@ void CudaBackend::rms_norm_add_norm(const Tensor& x, const Tensor& weight, float
         launch_pdl(rms_norm_add_norm_kernel<kW, kN, 32>, grid_for(rows, kWarps), kThreads, 0,
                    stream(), "rms_norm_add_norm_kernel", x.data_as<const float>(), weight.data(),
                    eps, residual.data_as<float>(), post_scale, next_weight.data(),
-                   next_out.data_as<float>(), rows, d);
+                   next_out.data_as<float>(), rows, d, split, split_row_chunks);
       } else {
         launch_pdl(rms_norm_add_norm_kernel<kW, kN, kThreads>, grid_for(rows, 1), kThreads, 0,
                    stream(), "rms_norm_add_norm_kernel", x.data_as<const float>(), weight.data(),
                    eps, residual.data_as<float>(), post_scale, next_weight.data(),
-                   next_out.data_as<float>(), rows, d);
+                   next_out.data_as<float>(), rows, d, split, split_row_chunks);
       }
     });
   });

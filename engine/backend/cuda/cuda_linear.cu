@@ -966,7 +966,8 @@ void CudaBackend::linear_rows_above(const Tensor& x, const Tensor& w, const Tens
   if (m > gemm_rows && linear_lt(*this, x, w, y)) return;
   if (w.dtype() == DType::kBF16) {
     void* x_split = scratch(x_split_, mma_split_bytes(m, k));
-    mma_linear(x.data_as<const float>(), x_split, w.data(), y.data_as<float>(), m, n, k, stream_);
+    mma_linear(x.data_as<const float>(), x_split, take_ready_split(x, m, k), w.data(),
+               y.data_as<float>(), m, n, k, stream_);
     return;
   }
   with_weight_type(w.dtype(), [&](auto tag) {
@@ -1023,6 +1024,7 @@ void CudaBackend::linear_multi(const Tensor& x, std::span<const LinearOut> outs)
     return;
   }
   void* x_split = tensor_cores ? scratch(x_split_, mma_split_bytes(m, k)) : nullptr;
+  const bool split_ready = tensor_cores && take_ready_split(x, m, k);
   // In slices of kMaxMultiOuts (a launch each) so the hot path never allocates.
   std::array<ProductOut, kMaxMultiOuts> slice;
   for (size_t first = 0; first < outs.size(); first += slice.size()) {
@@ -1033,7 +1035,7 @@ void CudaBackend::linear_multi(const Tensor& x, std::span<const LinearOut> outs)
     }
     const std::span<const ProductOut> part(slice.data(), count);
     if (tensor_cores) {
-      mma_linear_multi(x.data_as<const float>(), x_split, part, m, k, stream_);
+      mma_linear_multi(x.data_as<const float>(), x_split, split_ready, part, m, k, stream_);
     } else {
       with_weight_type(dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;
@@ -1070,8 +1072,8 @@ void CudaBackend::linear_gelu_mul(const Tensor& x, const Tensor& w_gate, const T
       k <= INT_MAX - kChunk && dtype == DType::kBF16 && w_up.dtype() == dtype) {
     OpTimer timer(*this, kOp);
     void* x_split = scratch(x_split_, mma_split_bytes(m, k));
-    mma_linear_gelu_mul(x.data_as<const float>(), x_split, w_gate.data(), w_up.data(),
-                        gate.data_as<float>(), m, n, k, stream_);
+    mma_linear_gelu_mul(x.data_as<const float>(), x_split, take_ready_split(x, m, k), w_gate.data(),
+                        w_up.data(), gate.data_as<float>(), m, n, k, stream_);
     return;
   }
   if (!fused) {

@@ -31,22 +31,17 @@
 #include "engine/backend/cuda/cuda_launch.cuh"
 #include "engine/backend/cuda/cuda_linear_mma.h"
 #include "engine/backend/cuda/cuda_multi_outs.cuh"
+#include "engine/backend/cuda/cuda_split.cuh"
 
 namespace specula::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kStepK = 32;       // k elements per warp step (8 per lane)
-constexpr int kTileCols = 16;    // weight rows (output columns) of one mma tile
-constexpr int kTileRows = 8;     // activation rows of one mma tile
-constexpr int kMaxRowTiles = 4;  // row tiles per pass over the weights
-
-// Chunks of 8 elements per x_split row: whole steps of 32 elements, so that
-// the 4 chunks a step reads always lie in the row (those past K are zero).
-__host__ __device__ constexpr int64_t split_chunks(int64_t k_dim) {
-  return (k_dim + kStepK - 1) / kStepK * (kStepK / 8);
-}
+constexpr int kStepK = kSplitStepK;  // k elements per warp step (8 per lane)
+constexpr int kTileCols = 16;        // weight rows (output columns) of one mma tile
+constexpr int kTileRows = 8;         // activation rows of one mma tile
+constexpr int kMaxRowTiles = 4;      // row tiles per pass over the weights
 
 // ---- loads ----
 
@@ -77,14 +72,6 @@ __device__ __forceinline__ uint32_t as_bits(__nv_bfloat162 v) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// The remainder x - part, or 0 when it is NaN (x infinite or NaN: hi alone then
-// carries x, as the product with an f32 x would). A finite x beyond bf16's
-// largest finite value (> 3.39e38) would still come out NaN.
-__device__ __forceinline__ float remainder_of(float x, float part) {
-  const float r = __fsub_rn(x, part);
-  return r == r ? r : 0.0f;
-}
-
 // Eight activations as three bf16x2 words each: pair p holds elements 2p, 2p+1.
 struct SplitX {
   uint32_t hi[4], mid[4], lo[4];
@@ -96,15 +83,12 @@ __device__ __forceinline__ SplitX split_x(const float (&v)[8]) {
   for (int p = 0; p < 4; ++p) {
     const float a = v[2 * p];
     const float b = v[2 * p + 1];
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(a, b);
-    const float ra = remainder_of(a, __low2float(hi));
-    const float rb = remainder_of(b, __high2float(hi));
-    const __nv_bfloat162 mid = __floats2bfloat162_rn(ra, rb);
-    const __nv_bfloat162 lo =
-        __floats2bfloat162_rn(__fsub_rn(ra, __low2float(mid)), __fsub_rn(rb, __high2float(mid)));
-    s.hi[p] = as_bits(hi);
-    s.mid[p] = as_bits(mid);
-    s.lo[p] = as_bits(lo);
+    // Element by element, as producers writing x_split do (store_split).
+    const SplitTerms ta = split_one(a);
+    const SplitTerms tb = split_one(b);
+    s.hi[p] = as_bits(__halves2bfloat162(ta.hi, tb.hi));
+    s.mid[p] = as_bits(__halves2bfloat162(ta.mid, tb.mid));
+    s.lo[p] = as_bits(__halves2bfloat162(ta.lo, tb.lo));
   }
   return s;
 }
@@ -654,11 +638,11 @@ size_t mma_split_bytes(int64_t m, int64_t k) {
   return static_cast<size_t>(m) * static_cast<size_t>(split_chunks(k)) * 3 * sizeof(uint4);
 }
 
-void mma_linear(const float* x, void* x_split, const void* w, float* y, int64_t m, int64_t n,
-                int64_t k, cudaStream_t stream) {
+void mma_linear(const float* x, void* x_split, bool split_ready, const void* w, float* y, int64_t m,
+                int64_t n, int64_t k, cudaStream_t stream) {
   const bool vec = vec_path(w, k);
   const bool decode = decode_path(x, m, vec);
-  if (!decode) launch_split(x, x_split, m, k, stream);
+  if (!decode && !split_ready) launch_split(x, x_split, m, k, stream);
   const auto* xs = static_cast<const uint4*>(x_split);
   const auto* wb = static_cast<const bf16*>(w);
   const auto launch = [&](auto ct) {
@@ -687,20 +671,20 @@ void mma_linear(const float* x, void* x_split, const void* w, float* y, int64_t 
   }
 }
 
-void mma_linear_multi(const float* x, void* x_split, std::span<const ProductOut> outs, int64_t m,
-                      int64_t k, cudaStream_t stream) {
+void mma_linear_multi(const float* x, void* x_split, bool split_ready,
+                      std::span<const ProductOut> outs, int64_t m, int64_t k, cudaStream_t stream) {
   bool same = true;  // one launch needs 16-byte loads and one K split for every output
   for (const ProductOut& o : outs) {
     same = same && vec_path(o.w, k) && mma_k_split(o.n) == mma_k_split(outs[0].n);
   }
   if (!same) {  // the same bits, one launch per output
     for (const ProductOut& o : outs) {
-      if (o.n > 0) mma_linear(x, x_split, o.w, o.y, m, o.n, k, stream);
+      if (o.n > 0) mma_linear(x, x_split, split_ready, o.w, o.y, m, o.n, k, stream);
     }
     return;
   }
   const bool decode = decode_path(x, m, true);
-  if (!decode) launch_split(x, x_split, m, k, stream);
+  if (!decode && !split_ready) launch_split(x, x_split, m, k, stream);
   const auto* xs = static_cast<const uint4*>(x_split);
   const auto launch = [&](auto ct) {
     constexpr int CT = decltype(ct)::value;
@@ -729,11 +713,12 @@ void mma_linear_multi(const float* x, void* x_split, std::span<const ProductOut>
   }
 }
 
-void mma_linear_gelu_mul(const float* x, void* x_split, const void* w_gate, const void* w_up,
-                         float* gate, int64_t m, int64_t n, int64_t k, cudaStream_t stream) {
+void mma_linear_gelu_mul(const float* x, void* x_split, bool split_ready, const void* w_gate,
+                         const void* w_up, float* gate, int64_t m, int64_t n, int64_t k,
+                         cudaStream_t stream) {
   const bool vec = vec_path(w_gate, k) && vec_path(w_up, k);
   const bool decode = decode_path(x, m, vec);
-  if (!decode) launch_split(x, x_split, m, k, stream);
+  if (!decode && !split_ready) launch_split(x, x_split, m, k, stream);
   const auto* xs = static_cast<const uint4*>(x_split);
   const auto* wg = static_cast<const bf16*>(w_gate);
   const auto* wu = static_cast<const bf16*>(w_up);

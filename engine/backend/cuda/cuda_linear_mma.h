@@ -57,18 +57,20 @@ size_t mma_split_bytes(int64_t m, int64_t k);
 
 // y f32 [m, n] = x f32 [m, k] · w bf16 [n, k]ᵀ; m, n, k >= 1 and below 2^31 - 64
 // (the caller checks); x_split: device scratch of mma_split_bytes(m, k) bytes.
-// Queued on `stream`: a split kernel, then the product.
-void mma_linear(const float* x, void* x_split, const void* w, float* y, int64_t m, int64_t n,
-                int64_t k, cudaStream_t stream);
+// Queued on `stream`: a split kernel, then the product. split_ready: x_split
+// already holds x's split (its producer wrote it), so no split kernel runs.
+void mma_linear(const float* x, void* x_split, bool split_ready, const void* w, float* y, int64_t m,
+                int64_t n, int64_t k, cudaStream_t stream);
 
 // Every outs[i] as mma_linear would write it, x split once for all of them, in
 // as few launches as the grid allows (the caller checks shapes and aliasing).
-void mma_linear_multi(const float* x, void* x_split, std::span<const ProductOut> outs, int64_t m,
-                      int64_t k, cudaStream_t stream);
+void mma_linear_multi(const float* x, void* x_split, bool split_ready,
+                      std::span<const ProductOut> outs, int64_t m, int64_t k, cudaStream_t stream);
 
 // gate f32 [m, n] = gelu_tanh(x · w_gateᵀ) ⊙ (x · w_upᵀ), each product with the
 // bits mma_linear writes and the gelu_mul op's epilogue, __fmul_rn(gelu(g), u).
-void mma_linear_gelu_mul(const float* x, void* x_split, const void* w_gate, const void* w_up,
-                         float* gate, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+void mma_linear_gelu_mul(const float* x, void* x_split, bool split_ready, const void* w_gate,
+                         const void* w_up, float* gate, int64_t m, int64_t n, int64_t k,
+                         cudaStream_t stream);
 
 }  // namespace specula::cuda
