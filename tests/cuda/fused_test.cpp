@@ -254,9 +254,10 @@ TEST(CudaFused, RmsNormAddNormRowIsBatchInvariant) {
   }
 }
 
-// For a few rows, rms_norm_add_norm also leaves next_out's bf16 split for the
-// product right after it (which then runs no split kernel): every product
-// kind must give the bits it gives for the same x split afresh, with odd
+// For a few rows, rms_norm_add_norm (and the fused gelu product) also leave
+// their output's bf16 split for the product right after it (which then runs
+// no split kernel): every product kind must give the bits it gives for the
+// same x split afresh, with odd
 // widths (zero padding of the last step) and the second 8-row tile; and an op
 // in between (here one rewriting next_out) must make the product split again.
 TEST(CudaFused, ProductsAfterTheNormReadItsSplitExactly) {
@@ -306,6 +307,20 @@ TEST(CudaFused, ProductsAfterTheNormReadItsSplitExactly) {
       gpu_be().linear_gelu_mul(out.dev, wq.dev, wu.dev, y.dev, up.dev);
       gpu_be().linear_gelu_mul(copy.dev, wq.dev, wu.dev, y_ref.dev, up.dev);
       expect_bits_equal(y.pull(), y_ref.pull(), "linear_gelu_mul after the norm, " + what);
+
+      // The fused gelu product leaves its output's split (padded past n) for
+      // the product after it, as down_proj follows the MLP.
+      Twin g(DType::kF32, {rows, n});
+      Twin g_copy(DType::kF32, {rows, n});
+      Twin wd(DType::kBF16, {d, n});
+      wd.randomize(77, -0.5f, 0.5f);
+      Twin z(DType::kF32, {rows, d});
+      Twin z_ref(DType::kF32, {rows, d});
+      gpu_be().linear_gelu_mul(out.dev, wq.dev, wu.dev, g.dev, up.dev);
+      gpu_be().linear(g.dev, wd.dev, z.dev);
+      gpu_be().copy(g.dev, g_copy.dev);
+      gpu_be().linear(g_copy.dev, wd.dev, z_ref.dev);
+      expect_bits_equal(z.pull(), z_ref.pull(), "linear after linear_gelu_mul, " + what);
 
       // An op between the norm and the product: the product must split the new x.
       norm();

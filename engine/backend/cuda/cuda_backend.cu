@@ -48,7 +48,7 @@ CudaBackend::~CudaBackend() {
   if (profiling_enabled()) print_profile();
   if (stream_) cudaStreamSynchronize(stream_);
   for (Scratch* s : {&lt_workspace_, &x_bf16_, &w_bf16_, &attn_partials_, &moe_scratch_,
-                     &attn_scores_, &argmax_partials_, &x_split_}) {
+                     &attn_scores_, &argmax_partials_, &x_split_, &x_split_out_}) {
     if (s->data) cudaFree(s->data);
   }
   for (StagingSlot& slot : staging_) {
@@ -104,7 +104,10 @@ void CudaBackend::reserve_scratch(int64_t max_keys, int64_t max_width) {
   reserved_keys_ = std::max(reserved_keys_, max_keys);
   scratch(lt_workspace_, size_t{32} << 20);
   // Every product of up to kInvariantRows rows with bf16 weights splits x.
-  if (max_width > 0) scratch(x_split_, mma_split_bytes(kInvariantRows, max_width));
+  if (max_width > 0) {
+    scratch(x_split_, mma_split_bytes(kInvariantRows, max_width));
+    scratch(x_split_out_, mma_split_bytes(kInvariantRows, max_width));
+  }
 }
 
 void CudaBackend::upload(const void* host, const Tensor& dst) {

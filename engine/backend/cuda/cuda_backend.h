@@ -142,6 +142,7 @@ class CudaBackend final : public Backend {
   Scratch attn_scores_;      // prefill attention scores [heads, query tile, keys]
   Scratch argmax_partials_;  // per-slice partials of argmax_rows
   Scratch x_split_;          // activations split into bf16 terms for the tensor-core products
+  Scratch x_split_out_;      // the split a fused gelu product writes of its output (down_proj's x)
   int64_t reserved_keys_ = 0;
 
   // Ops queued so far (bumped by every op, upload and replay): lets a product
@@ -154,15 +155,17 @@ class CudaBackend final : public Backend {
     const void* x = nullptr;
     int64_t m = 0, k = 0;
     uint64_t op = 0;
+    void* split = nullptr;  // where it is: x_split_ or x_split_out_
   };
   ReadySplit ready_split_;
-  // Called by a product of x [m, k] (after its OpTimer): whether x_split holds
-  // x's split already.
-  bool take_ready_split(const Tensor& x, int64_t m, int64_t k) {
+  // Called by a product of x [m, k] (after its OpTimer): the split of x its
+  // producer left, or null (then the product splits x into x_split_ itself).
+  void* take_ready_split(const Tensor& x, int64_t m, int64_t k) {
     const bool ready = ready_split_.x == x.data() && ready_split_.m == m && ready_split_.k == k &&
                        ready_split_.op + 1 == op_seq_;
+    void* split = ready ? ready_split_.split : nullptr;
     ready_split_ = {};
-    return ready;
+    return split;
   }
 
  private:

@@ -359,7 +359,7 @@ void CudaBackend::rms_norm_add_norm(const Tensor& x, const Tensor& weight, float
   const int64_t split_row_chunks = split_chunks(d);
   if (rows > 1 && rows <= kInvariantRows) {
     split = static_cast<__nv_bfloat16*>(scratch(x_split_, mma_split_bytes(rows, d)));
-    ready_split_ = {next_out.data(), rows, d, op_seq_};
+    ready_split_ = {next_out.data(), rows, d, op_seq_, split};
   }
   with_float_dtype(wdt, [&](auto wtag) {
     with_float_dtype(ndt, [&](auto ntag) {

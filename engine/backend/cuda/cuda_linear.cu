@@ -965,9 +965,10 @@ void CudaBackend::linear_rows_above(const Tensor& x, const Tensor& w, const Tens
   }
   if (m > gemm_rows && linear_lt(*this, x, w, y)) return;
   if (w.dtype() == DType::kBF16) {
-    void* x_split = scratch(x_split_, mma_split_bytes(m, k));
-    mma_linear(x.data_as<const float>(), x_split, take_ready_split(x, m, k), w.data(),
-               y.data_as<float>(), m, n, k, stream_);
+    void* ready = take_ready_split(x, m, k);
+    void* x_split = ready != nullptr ? ready : scratch(x_split_, mma_split_bytes(m, k));
+    mma_linear(x.data_as<const float>(), x_split, ready != nullptr, w.data(), y.data_as<float>(), m,
+               n, k, stream_);
     return;
   }
   with_weight_type(w.dtype(), [&](auto tag) {
@@ -1023,8 +1024,10 @@ void CudaBackend::linear_multi(const Tensor& x, std::span<const LinearOut> outs)
     for (const LinearOut& o : outs) linear_rows_above(x, o.w, o.y, kInvariantRows);
     return;
   }
-  void* x_split = tensor_cores ? scratch(x_split_, mma_split_bytes(m, k)) : nullptr;
-  const bool split_ready = tensor_cores && take_ready_split(x, m, k);
+  void* ready = tensor_cores ? take_ready_split(x, m, k) : nullptr;
+  const bool split_ready = ready != nullptr;
+  void* x_split =
+      split_ready ? ready : (tensor_cores ? scratch(x_split_, mma_split_bytes(m, k)) : nullptr);
   // In slices of kMaxMultiOuts (a launch each) so the hot path never allocates.
   std::array<ProductOut, kMaxMultiOuts> slice;
   for (size_t first = 0; first < outs.size(); first += slice.size()) {
@@ -1071,9 +1074,17 @@ void CudaBackend::linear_gelu_mul(const Tensor& x, const Tensor& w_gate, const T
   if (m >= 1 && m <= kInvariantRows && n >= 1 && n <= INT_MAX - kWarps * kCols && k >= 1 &&
       k <= INT_MAX - kChunk && dtype == DType::kBF16 && w_up.dtype() == dtype) {
     OpTimer timer(*this, kOp);
-    void* x_split = scratch(x_split_, mma_split_bytes(m, k));
-    mma_linear_gelu_mul(x.data_as<const float>(), x_split, take_ready_split(x, m, k), w_gate.data(),
-                        w_up.data(), gate.data_as<float>(), m, n, k, stream_);
+    void* ready = take_ready_split(x, m, k);
+    void* x_split = ready != nullptr ? ready : scratch(x_split_, mma_split_bytes(m, k));
+    // The output is down_proj's x: for a few rows its split is written too
+    // (into the other split buffer, since this product reads x_split).
+    void* out_split = nullptr;
+    if (m > 1) {
+      out_split = scratch(x_split_out_, mma_split_bytes(m, n));
+      ready_split_ = {gate.data(), m, n, op_seq_, out_split};
+    }
+    mma_linear_gelu_mul(x.data_as<const float>(), x_split, ready != nullptr, out_split,
+                        w_gate.data(), w_up.data(), gate.data_as<float>(), m, n, k, stream_);
     return;
   }
   if (!fused) {

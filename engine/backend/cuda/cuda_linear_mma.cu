@@ -512,7 +512,7 @@ __global__ void __launch_bounds__(KS * 32, min_blocks<KS, 2, NT, PS>())
     mma_gelu_mul_kernel(const float* __restrict__ xf, const uint4* __restrict__ x,
                         const bf16* __restrict__ w_gate, const bf16* __restrict__ w_up,
                         float* __restrict__ gate, int64_t m_rows, int64_t n_cols, int64_t k_dim,
-                        int row_groups) {
+                        int row_groups, bf16* __restrict__ out_split) {
   pdl_launch_dependents();
   __shared__ Combine<KS, 2, NT> sh;
   const int group = static_cast<int>(blockIdx.x % static_cast<unsigned>(row_groups));
@@ -537,8 +537,17 @@ __global__ void __launch_bounds__(KS * 32, min_blocks<KS, 2, NT, PS>())
     if (col < n_cols && row < m_rows) {
       const float g = sum_of(sh, e, lane);
       const float u = sum_of(sh, e + NT * 4, lane);
-      gate[row * n_cols + col] = __fmul_rn(gelu_tanh(g), u);
+      const float out = __fmul_rn(gelu_tanh(g), u);
+      gate[row * n_cols + col] = out;
+      if (out_split != nullptr) store_split(out_split, split_chunks(n_cols), row, col, out);
     }
+  }
+  // The split rows' zero padding past n_cols: written by the last column block.
+  if (out_split != nullptr && n0 + kTileCols >= n_cols) {
+    const int64_t pad = split_chunks(n_cols) * 8 - n_cols;
+    const int64_t rows_here = min(m_rows - m0, static_cast<int64_t>(kTileRows * NT));
+    for (int64_t p = threadIdx.x; p < rows_here * pad; p += KS * 32)
+      store_split(out_split, split_chunks(n_cols), m0 + p / pad, n_cols + p % pad, 0.0f);
   }
 }
 
@@ -713,9 +722,9 @@ void mma_linear_multi(const float* x, void* x_split, bool split_ready,
   }
 }
 
-void mma_linear_gelu_mul(const float* x, void* x_split, bool split_ready, const void* w_gate,
-                         const void* w_up, float* gate, int64_t m, int64_t n, int64_t k,
-                         cudaStream_t stream) {
+void mma_linear_gelu_mul(const float* x, void* x_split, bool split_ready, void* out_split,
+                         const void* w_gate, const void* w_up, float* gate, int64_t m, int64_t n,
+                         int64_t k, cudaStream_t stream) {
   const bool vec = vec_path(w_gate, k) && vec_path(w_up, k);
   const bool decode = decode_path(x, m, vec);
   if (!decode && !split_ready) launch_split(x, x_split, m, k, stream);
@@ -733,7 +742,7 @@ void mma_linear_gelu_mul(const float* x, void* x_split, bool split_ready, const 
       constexpr int PS = decltype(ps)::value;
       launch_pdl(mma_gelu_mul_kernel<KS, NT, kVec, PS>, blocks, KS * 32, dynamic_smem<KS, 2, PS>(),
                  stream, "mma_gelu_mul_kernel", x, xs, wg, wu, gate, m, n, k,
-                 static_cast<int>(row_groups));
+                 static_cast<int>(row_groups), static_cast<bf16*>(out_split));
     });
   });
 }

@@ -69,8 +69,10 @@ void mma_linear_multi(const float* x, void* x_split, bool split_ready,
 
 // gate f32 [m, n] = gelu_tanh(x · w_gateᵀ) ⊙ (x · w_upᵀ), each product with the
 // bits mma_linear writes and the gelu_mul op's epilogue, __fmul_rn(gelu(g), u).
-void mma_linear_gelu_mul(const float* x, void* x_split, bool split_ready, const void* w_gate,
-                         const void* w_up, float* gate, int64_t m, int64_t n, int64_t k,
-                         cudaStream_t stream);
+// out_split (null: none): also write gate's split there (mma_split_bytes(m, n)
+// bytes), for the product that reads gate next.
+void mma_linear_gelu_mul(const float* x, void* x_split, bool split_ready, void* out_split,
+                         const void* w_gate, const void* w_up, float* gate, int64_t m, int64_t n,
+                         int64_t k, cudaStream_t stream);
 
 }  // namespace specula::cuda
