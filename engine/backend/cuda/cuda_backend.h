@@ -178,7 +178,8 @@ class CudaBackend final : public Backend {
   std::atomic<int64_t> readbacks_{0};
   // Pinned host slots that upload_async copies through, used in turn; a slot is
   // reused once the copy that last read it has run (its event), so the host
-  // may run up to kStagingSlots uploads ahead of the device.
+  // may run up to kStagingSlots uploads ahead of the device. Like the stream
+  // itself, the ring serves one host thread at a time (the model's forwards).
   struct StagingSlot {
     void* host = nullptr;
     size_t size = 0;
