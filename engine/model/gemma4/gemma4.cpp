@@ -267,7 +267,8 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
     if (row.kv == nullptr) fail("forward row {} has no KV cache", r);
     if (row.tokens.empty()) fail("forward row {} has no tokens", r);
     row.kv->check_room(static_cast<int64_t>(row.tokens.size()));
-    for (int32_t id : options.token_ids.empty() ? std::span<const int32_t>() : row.tokens) {
+    // Host ids are checked here; device ids (token_ids) come from an argmax.
+    for (int32_t id : options.token_ids.empty() ? row.tokens : std::span<const int32_t>()) {
       if (id < 0 || id >= c.vocab_size || (c.has_ple() && id >= c.vocab_size_per_layer_input)) {
         fail("token id {} in row {} is outside the vocabulary of {} tokens", id, r, c.vocab_size);
       }

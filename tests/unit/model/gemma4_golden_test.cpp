@@ -233,6 +233,24 @@ TEST(Gemma4Load, TokenOutsideTheVocabularyIsRejectedBeforeTouchingTheCache) {
   EXPECT_EQ(kv.length(), 0);
 }
 
+// The forward checks host token ids itself, before any device op (a device
+// embedding gather could not report them): the error names the row.
+TEST(Gemma4Load, TheForwardNamesTheRowOfATokenOutsideTheVocabulary) {
+  if (!testing::golden_exists("dense_kev")) GTEST_SKIP();
+  auto model = gemma4::Gemma4Model::load(testing::golden_dir("dense_kev"));
+  SequenceKv kv0 = model->new_sequence(), kv1 = model->new_sequence();
+  const std::vector<int32_t> good = {5, 6}, bad = {7, -3};
+  const gemma4::ForwardRow rows[] = {{.kv = &kv0, .tokens = good}, {.kv = &kv1, .tokens = bad}};
+  try {
+    model->forward(rows);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token id -3 in row 1"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(kv0.length(), 0);
+  EXPECT_EQ(kv1.length(), 0);
+}
+
 TEST(Gemma4Load, PromptLongerThanTheContextIsAClearError) {
   if (!testing::golden_exists("dense_kev")) GTEST_SKIP();
   gemma4::LoadOptions options;
