@@ -92,6 +92,15 @@ std::unique_ptr<Backend> make_cpu_backend() {
 
 namespace cpu {
 
+void check_ids_below(const char* op, const char* name, const Tensor& ids, int64_t bound) {
+  const int32_t* v = ids.data_as<const int32_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    if (v[i] < 0 || v[i] >= bound) {
+      fail("{}: {}[{}] = {} is outside [0, {}) ({})", op, name, i, v[i], bound, ids.describe());
+    }
+  }
+}
+
 void check_host(const char* op, const char* name, const Tensor& t) {
   if (!t.device().is_cpu()) {
     fail("{}: {} {} is on {}, but the CPU backend needs host tensors", op, name, t.describe(),
@@ -128,14 +137,9 @@ void CpuBackend::gather_rows(const Tensor& src, const Tensor& idx, const Tensor&
   cpu::check_host(kOp, "idx", idx);
   cpu::check_host(kOp, "out", out);
   const ops::GatherRowsDims d = ops::check_gather_rows(kOp, src, idx, out);
+  cpu::check_ids_below(kOp, "idx", idx, d.src_rows);
   const int32_t* ids = idx.data_as<const int32_t>();
   const size_t row_bytes = static_cast<size_t>(d.row_words) * 4;
-  for (int64_t i = 0; i < d.rows; ++i) {
-    if (ids[i] < 0 || ids[i] >= d.src_rows) {
-      fail("{}: idx[{}] = {} is outside the {} rows of src {}", kOp, i, ids[i], d.src_rows,
-           src.describe());
-    }
-  }
   const char* from = static_cast<const char*>(src.data());
   char* to = static_cast<char*>(out.data());
   for (int64_t i = 0; i < d.rows; ++i)

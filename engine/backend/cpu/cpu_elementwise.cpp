@@ -212,7 +212,7 @@ void CpuBackend::top_k_rows(const Tensor& x, const Tensor& out) {
       if (!na && va != vb) return va > vb;
       return a < b;
     };
-    std::partial_sort(order.begin(), order.begin() + d.k, order.begin() + d.n, before);
+    std::partial_sort(order.begin(), order.begin() + d.k, order.end(), before);
     std::copy(order.begin(), order.begin() + d.k, o + r * d.k);
   }
 }
@@ -226,11 +226,7 @@ void CpuBackend::fill_scatter_rows(const Tensor& values, const Tensor& ids, cons
   const float* v = values.data_as<const float>();
   const int32_t* id = ids.data_as<const int32_t>();
   float* o = out.data_as<float>();
-  for (int64_t i = 0; i < d.rows * d.n; ++i) {
-    if (id[i] < 0 || id[i] >= d.width) {
-      fail("{}: ids[{}, {}] = {} is outside [0, {})", kOp, i / d.n, i % d.n, id[i], d.width);
-    }
-  }
+  cpu::check_ids_below(kOp, "ids", ids, d.width);
   for (int64_t r = 0; r < d.rows; ++r) {
     const float* vr = v + r * d.n;
     float smallest = std::numeric_limits<float>::infinity();

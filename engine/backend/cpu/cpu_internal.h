@@ -21,6 +21,9 @@ namespace specula::cpu {
 // `t` lives on the CPU and has memory behind it (an empty view is accepted only
 // when it holds no elements).
 void check_host(const char* op, const char* name, const Tensor& t);
+// Every element of the i32 tensor `ids` (on the host) lies in [0, bound);
+// otherwise an Error names the op, the tensor, the flat index and the value.
+void check_ids_below(const char* op, const char* name, const Tensor& ids, int64_t bound);
 // The device-independent checks (engine/ops/op_checks.h).
 using ops::check_dtype;
 using ops::check_exact_alias;

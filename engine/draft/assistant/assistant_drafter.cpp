@@ -104,6 +104,8 @@ Tensor AssistantDraftSource::draft_step(int step_index, std::span<const DraftRow
     for (int64_t b = 0; b < B; ++b) slots_[static_cast<size_t>(b)] = b;
     hidden = chain_.view(DType::kF32, {B, Hb});
     if (device) {
+      // Copied into the chain rather than read in place: the recorded steps
+      // then always see the same buffers (the caller's may move between calls).
       be.copy(device->hidden, hidden);
     } else {
       be.upload_async(host_hidden_.data(), hidden);
