@@ -52,8 +52,10 @@ void expect_bits_equal(const Tensor& got, const Tensor& want, const std::string&
 
 TEST(CudaElementwise, RmsNormMatchesCpu) {
   SKIP_WITHOUT_CUDA();
-  // Rows up to 1024 wide use a warp per row, wider rows a block per row.
-  const Shape shapes[] = {{3, 64}, {5, 2, 256}, {2, 7}, {4, 1536}, {3, 5376}, {1, 1024}};
+  // Rows up to 1024 wide use a warp per row, wider rows a block per row (held
+  // in registers up to 6,144 elements, looping over memory past that).
+  const Shape shapes[] = {{3, 64},   {5, 2, 256}, {2, 7},    {4, 1536},
+                          {3, 5376}, {1, 1024},   {2, 6144}, {2, 6145}};
   uint64_t seed = 100;
   for (const Shape& shape : shapes) {
     const int64_t d = shape.dim(-1);
@@ -81,7 +83,7 @@ TEST(CudaElementwise, RmsNormMatchesCpu) {
 TEST(CudaElementwise, RmsNormAddEqualsTheUnfusedSequence) {
   SKIP_WITHOUT_CUDA();
   uint64_t seed = 700;
-  for (const Shape& shape : {Shape{3, 64}, Shape{2, 5376}, Shape{1, 1536}}) {
+  for (const Shape& shape : {Shape{3, 64}, Shape{2, 5376}, Shape{1, 1536}, Shape{2, 7001}}) {
     const int64_t d = shape.dim(-1);
     for (float post_scale : {1.0f, 0.71f}) {
       Twin x(DType::kF32, shape), residual(DType::kF32, shape);

@@ -171,10 +171,12 @@ TEST(CudaFused, StoreKvRejectsBadArguments) {
 // ---- rms_norm_add_norm ----
 
 // Equal to rms_norm_add then rms_norm on the GPU byte for byte, and to the CPU
-// within the norm tolerance: rows of a warp (d <= 1024) and of a block.
+// within the norm tolerance: rows of a warp (d <= 1024) and of a block (in
+// registers up to 6,144 elements, past that looping over memory).
 TEST(CudaFused, RmsNormAddNormEqualsTheComposition) {
   SKIP_WITHOUT_CUDA();
-  const Shape shapes[] = {{3, 64}, {5, 1024}, {17, 1536}, {2, 5376}, {1, 2, 7}};
+  const Shape shapes[] = {{3, 64},   {5, 1024}, {17, 1536}, {2, 5376},
+                          {1, 2, 7}, {2, 6144}, {3, 6145}};
   const DType next_dtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
   uint64_t seed = 2000;
   for (const Shape& shape : shapes) {

@@ -99,6 +99,11 @@ __device__ __forceinline__ double fixed_block_sum(double v, double* partials) {
 // order, as long as it also gives each row the same thread pattern (element c of
 // a row handled by lane c % kGroup, in increasing c).
 
+// Rows normalised by a whole block keep up to this many elements per thread
+// in registers between the norm's passes (rows of up to 6,144 floats with 256
+// threads); wider rows loop over memory. Either form gives the same bits.
+inline constexpr int kRegisterElems = 24;
+
 // Adds x² to a thread's running sum of squares (kept in double, like the CPU's).
 __device__ __forceinline__ void rms_accumulate(double& sum, float x) {
   const double v = x;
@@ -129,6 +134,11 @@ template <DType kDt>
 __device__ __forceinline__ float rms_apply(float x, float inv, const void* weight, int64_t c) {
   const float v = __fmul_rn(x, inv);
   return weight != nullptr ? __fmul_rn(v, load_float<kDt>(weight, c)) : v;
+}
+// The same with the weight element already loaded (w is ignored without one).
+__device__ __forceinline__ float rms_apply_loaded(float x, float inv, bool has_weight, float w) {
+  const float v = __fmul_rn(x, inv);
+  return has_weight ? __fmul_rn(v, w) : v;
 }
 
 // rms_norm_add's residual update of one element: (r + v), then · post_scale

@@ -130,18 +130,33 @@ __device__ __forceinline__ float block_max(float v, float* partials) {
 // floats; the sum of squares is in double, like the CPU's, and rounded once.
 // Row r is handled by the same kGroup-thread pattern whatever `rows` is. The
 // arithmetic is cuda_device_common.cuh's rms_* helpers, shared with cuda_fused.cu.
-template <DType kDt, int kGroup>
+// kPer > 0 (rows of at most kPer · kGroup elements): each thread keeps its
+// elements in registers and loads the weight before pdl_wait(), so a row costs
+// one memory round trip instead of one per element (cuda_fused.cu's
+// rms_norm_add_norm_kernel explains why that matters at one row); same sums in
+// the same order, same bits.
+template <DType kDt, int kGroup, int kPer>
 __global__ void __launch_bounds__(kThreads)
     rms_norm_kernel(const float* x, const void* weight, float eps, float* out, int64_t rows,
                     int64_t d, float* residual, float post_scale) {
   // A programmatic dependent (launch_pdl): waits for its predecessor before
-  // touching anything, and lets the next kernel start its prologue.
+  // touching anything but the weight, and lets the next kernel start its prologue.
   pdl_launch_dependents();
-  pdl_wait();
   constexpr int kRowsPerBlock = kThreads / kGroup;
+  constexpr int kHeld = kPer > 0 ? kPer : 1;
   __shared__ double partials[kThreads / 32];
   const int lane = threadIdx.x % kGroup;
   const int group = threadIdx.x / kGroup;
+  const bool has_w = weight != nullptr;
+  float w[kHeld];
+  if constexpr (kPer > 0) {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int64_t c = lane + static_cast<int64_t>(i) * kGroup;
+      w[i] = has_w && c < d ? load_float<kDt>(weight, c) : 0.0f;
+    }
+  }
+  pdl_wait();
   // The loop bound depends only on blockIdx, so block-wide barriers inside are uniform.
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; base < rows;
        base += static_cast<int64_t>(gridDim.x) * kRowsPerBlock) {
@@ -149,22 +164,50 @@ __global__ void __launch_bounds__(kThreads)
     const bool active = r < rows;
     const float* xr = x + (active ? r : 0) * d;
     double sum = 0.0;
-    if (active) {
-      for (int64_t j = lane; j < d; j += kGroup) rms_accumulate(sum, xr[j]);
-    }
-    sum = rms_group_sum<kGroup, kThreads>(sum, partials);
-    if (!active) continue;
-    const float inv = rms_inv(sum, d, eps);
-    float* orow = out + r * d;
-    // Every element is read (above) and written (here) by the same thread, after
-    // the reduction, so out may be x itself.
-    if (residual == nullptr) {
-      for (int64_t c = lane; c < d; c += kGroup) orow[c] = rms_apply<kDt>(xr[c], inv, weight, c);
+    if constexpr (kPer > 0) {
+      float xv[kPer], rv[kPer];
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int64_t c = lane + static_cast<int64_t>(i) * kGroup;
+        xv[i] = active && c < d ? xr[c] : 0.0f;
+        rv[i] = active && residual != nullptr && c < d ? residual[r * d + c] : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        if (lane + static_cast<int64_t>(i) * kGroup < d) rms_accumulate(sum, xv[i]);
+      }
+      sum = rms_group_sum<kGroup, kThreads>(sum, partials);
+      if (!active) continue;
+      const float inv = rms_inv(sum, d, eps);
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) {
+        const int64_t c = lane + static_cast<int64_t>(i) * kGroup;
+        if (c >= d) continue;
+        const float v = rms_apply_loaded(xv[i], inv, has_w, w[i]);
+        if (residual == nullptr) {
+          out[r * d + c] = v;
+        } else {
+          residual[r * d + c] = residual_update(rv[i], v, post_scale);
+        }
+      }
     } else {
-      // rms_norm_add: the same roundings as rms_norm, then add, then scale.
-      float* rrow = residual + r * d;
-      for (int64_t c = lane; c < d; c += kGroup) {
-        rrow[c] = residual_update(rrow[c], rms_apply<kDt>(xr[c], inv, weight, c), post_scale);
+      if (active) {
+        for (int64_t j = lane; j < d; j += kGroup) rms_accumulate(sum, xr[j]);
+      }
+      sum = rms_group_sum<kGroup, kThreads>(sum, partials);
+      if (!active) continue;
+      const float inv = rms_inv(sum, d, eps);
+      float* orow = out + r * d;
+      // Every element is read (above) and written (here) by the same thread, after
+      // the reduction, so out may be x itself.
+      if (residual == nullptr) {
+        for (int64_t c = lane; c < d; c += kGroup) orow[c] = rms_apply<kDt>(xr[c], inv, weight, c);
+      } else {
+        // rms_norm_add: the same roundings as rms_norm, then add, then scale.
+        float* rrow = residual + r * d;
+        for (int64_t c = lane; c < d; c += kGroup) {
+          rrow[c] = residual_update(rrow[c], rms_apply<kDt>(xr[c], inv, weight, c), post_scale);
+        }
       }
     }
   }
@@ -534,11 +577,15 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, con
     constexpr DType kDt = decltype(tag)::value;
     if (d <= kWarpRowMax) {
       constexpr int kRowsPerBlock = kThreads / 32;
-      launch_pdl(rms_norm_kernel<kDt, 32>, grid_for(rows, kRowsPerBlock), kThreads, 0, stream(),
+      launch_pdl(rms_norm_kernel<kDt, 32, 0>, grid_for(rows, kRowsPerBlock), kThreads, 0, stream(),
                  "rms_norm_kernel", x.data_as<const float>(), weight.data(), eps,
                  out.data_as<float>(), rows, d, static_cast<float*>(nullptr), 1.0f);
+    } else if (d <= int64_t{kRegisterElems} * kThreads) {
+      launch_pdl(rms_norm_kernel<kDt, kThreads, kRegisterElems>, grid_for(rows, 1), kThreads, 0,
+                 stream(), "rms_norm_kernel", x.data_as<const float>(), weight.data(), eps,
+                 out.data_as<float>(), rows, d, static_cast<float*>(nullptr), 1.0f);
     } else {
-      launch_pdl(rms_norm_kernel<kDt, kThreads>, grid_for(rows, 1), kThreads, 0, stream(),
+      launch_pdl(rms_norm_kernel<kDt, kThreads, 0>, grid_for(rows, 1), kThreads, 0, stream(),
                  "rms_norm_kernel", x.data_as<const float>(), weight.data(), eps,
                  out.data_as<float>(), rows, d, static_cast<float*>(nullptr), 1.0f);
     }
@@ -574,11 +621,15 @@ void CudaBackend::rms_norm_add(const Tensor& x, const Tensor& weight, float eps,
     constexpr DType kDt = decltype(tag)::value;
     if (d <= kWarpRowMax) {
       constexpr int kRowsPerBlock = kThreads / 32;
-      launch_pdl(rms_norm_kernel<kDt, 32>, grid_for(rows, kRowsPerBlock), kThreads, 0, stream(),
+      launch_pdl(rms_norm_kernel<kDt, 32, 0>, grid_for(rows, kRowsPerBlock), kThreads, 0, stream(),
                  "rms_norm_kernel (add)", x.data_as<const float>(), weight.data(), eps,
                  static_cast<float*>(nullptr), rows, d, residual.data_as<float>(), post_scale);
+    } else if (d <= int64_t{kRegisterElems} * kThreads) {
+      launch_pdl(rms_norm_kernel<kDt, kThreads, kRegisterElems>, grid_for(rows, 1), kThreads, 0,
+                 stream(), "rms_norm_kernel (add)", x.data_as<const float>(), weight.data(), eps,
+                 static_cast<float*>(nullptr), rows, d, residual.data_as<float>(), post_scale);
     } else {
-      launch_pdl(rms_norm_kernel<kDt, kThreads>, grid_for(rows, 1), kThreads, 0, stream(),
+      launch_pdl(rms_norm_kernel<kDt, kThreads, 0>, grid_for(rows, 1), kThreads, 0, stream(),
                  "rms_norm_kernel (add)", x.data_as<const float>(), weight.data(), eps,
                  static_cast<float*>(nullptr), rows, d, residual.data_as<float>(), post_scale);
     }
