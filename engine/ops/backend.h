@@ -52,6 +52,12 @@ struct AttentionParams {
   // positions_bound, so one recorded launch serves every step below the bound.
   // Results are identical either way; the CPU ignores it.
   int64_t positions_bound = 0;
+  // Scheduling hint: the op after this one is a product that touches only its
+  // weights before waiting for its inputs. A backend may let it start while this
+  // op finishes (CUDA: its weight loads overlap the combine). Set it only on the
+  // last attention call before the product, and where it was measured to pay
+  // (see gemma4.cpp); results are identical either way, and the CPU ignores it.
+  bool product_follows = false;
 };
 
 // The positions_bound bucket of keys up to position end - 1: the smallest power

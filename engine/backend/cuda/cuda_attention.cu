@@ -112,6 +112,9 @@ struct AttnGeom {
   // k_pos0 are not read), and partials block x = 0 sits at the chunk of the
   // first query's first visible key, so one launch fits every step.
   bool derive;
+  // AttentionParams::product_follows, on the call's last combine launch only:
+  // the combine lets the kernel after it start early.
+  bool release_next;
   float scale;
 };
 
@@ -416,9 +419,13 @@ __global__ void __launch_bounds__(kCombineThreads)
                              const float* __restrict__ part_acc, float* __restrict__ out,
                              AttnGeom g) {
   // Launched as a programmatic dependent of the partials kernel: wait for it
-  // (a no-op when launched without the attribute). It does not let the kernel
-  // after it start early: measured on an H200, that made batch-8 decode steps
-  // of the 31B shape 40% slower (30.2 -> 42.4 ms) for a 0.3 ms gain at batch 1.
+  // (a no-op when launched without the attribute). It lets the kernel after it
+  // start early only when the caller says the output product follows
+  // (release_next; the model does so for a lone decode row): on an H200 (31B
+  // shapes) letting every combine do so made batch-8 decode steps 40% slower
+  // (30.2 -> 42.4 ms), and even the last combine of a batch-8 step or a verify
+  // window 25-30%, while a single decode row gains ~7 us a layer.
+  if (g.release_next) pdl_launch_dependents();
   pdl_wait();
   static_assert(kCombineWarps == 8, "the fixed sum tree below adds 8 warp sums");
   __shared__ float s_red[kCombineWarps][kMaxHeadDim];
@@ -658,6 +665,7 @@ void CudaBackend::attention(const AttentionParams& p) {
     // Decode and verify windows (one pair tile): their keys are nearly all
     // visible, so staging a chunk's rows before knowing the ranges wastes little.
     g.eager = int64_t{g.s} * g.group <= kPairTile;
+    g.release_next = p.product_follows && s0 + tile >= s_len;
     const int64_t offset = s0 * n_heads * d;
     if (n_chunks > 0) {
       launch_partials(q + offset, k, v, pos + s0, part_ml, part_acc, g, derived_grid(g.s),
