@@ -178,9 +178,11 @@ constexpr int ring_steps() {
 // the ring (PS = 0). Where the weights wait never changes the sums.
 template <int CT>
 constexpr int kDecodePipeSteps = 8 / CT;
-// Grids of single tiles larger than three blocks per SM (q/k/v: 1,024 blocks
-// at 31B) take 5 steps instead, so that four 8-warp blocks fit an SM and the
-// grid runs in fewer, fuller waves.
+// Grids of single tiles larger than three 8-warp blocks per SM (q/k/v: 1,024
+// blocks at 31B) take 5 steps instead, so that four 8-warp blocks fit an SM
+// and the grid runs in fewer, fuller waves; likewise 4-warp grids of 6-8
+// blocks per SM (the 16,384-column q_proj of 31B's full-attention layers:
+// 1.3 waves at six blocks an SM, one at eight).
 constexpr int kDecodePipeStepsWide = 5;
 template <int KS, int CT, int PS>
 constexpr size_t pipe_bytes() {
@@ -199,7 +201,7 @@ constexpr size_t dynamic_smem() {
 // 8-warp blocks with the short pipeline of large grids.
 template <int KS, int CT, int NT, int PS>
 constexpr int min_blocks() {
-  if constexpr (PS == kDecodePipeStepsWide) return 4;
+  if constexpr (PS == kDecodePipeStepsWide) return 4 * (8 / KS);
   return (CT * NT == 1 ? 3 : 2) * (8 / KS);
 }
 
@@ -602,14 +604,18 @@ int column_tiles(bool decode, bool vec) {
 
 // Calls f(kVec, PS) as integral constants: kVec when `vec` (16-byte weight
 // loads); PS, the pipeline steps, on the decode path (fewer for large grids of
-// single 8-warp tiles, see kDecodePipeStepsWide), else 0.
+// single tiles, see kDecodePipeStepsWide), else 0.
 template <int KS, int CT, int NT, typename F>
 void with_paths(bool vec, bool decode, int64_t blocks, F&& f) {
   if (!vec) return f(std::false_type{}, std::integral_constant<int, 0>{});
   if constexpr (NT == 1) {
     if (decode) {
-      if constexpr (KS == 8 && CT == 1) {
-        if (blocks > int64_t{3} * sm_count()) {
+      if constexpr (CT == 1) {
+        // More blocks than fit at the usual pipeline depth, but few enough
+        // for one wave at the shorter one.
+        const int64_t usual = int64_t{3} * (8 / KS) * sm_count();
+        const int64_t wide = int64_t{4} * (8 / KS) * sm_count();
+        if (blocks > usual && (KS == 8 || blocks <= wide)) {
           return f(std::true_type{}, std::integral_constant<int, kDecodePipeStepsWide>{});
         }
       }
