@@ -130,15 +130,16 @@ __device__ __forceinline__ float rms_inv(double sum, int64_t d, float eps) {
 }
 
 // Normalised element c of a row: x · inv, then · weight[c] unless weight is null.
-template <DType kDt>
-__device__ __forceinline__ float rms_apply(float x, float inv, const void* weight, int64_t c) {
-  const float v = __fmul_rn(x, inv);
-  return weight != nullptr ? __fmul_rn(v, load_float<kDt>(weight, c)) : v;
-}
-// The same with the weight element already loaded (w is ignored without one).
+// rms_apply_loaded takes the weight element already loaded (w is ignored
+// without a weight): the register-resident norms load weights ahead of time.
 __device__ __forceinline__ float rms_apply_loaded(float x, float inv, bool has_weight, float w) {
   const float v = __fmul_rn(x, inv);
   return has_weight ? __fmul_rn(v, w) : v;
+}
+template <DType kDt>
+__device__ __forceinline__ float rms_apply(float x, float inv, const void* weight, int64_t c) {
+  const bool has_weight = weight != nullptr;
+  return rms_apply_loaded(x, inv, has_weight, has_weight ? load_float<kDt>(weight, c) : 0.0f);
 }
 
 // rms_norm_add's residual update of one element: (r + v), then · post_scale

@@ -399,51 +399,39 @@ void CudaBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& posit
 // empty; residual is a different buffer from x, next_out overlaps neither.
 // Rows up to 1024 wide get a warp each (8 rows per 256-thread block), wider
 // rows a 256-thread block, as rms_norm chooses.
-namespace {
-
-// rms_norm_add_norm's checks (shapes, dtypes, devices, aliasing, weights [D]).
-void check_add_norm_args(const CudaBackend& be, const char* op, const Tensor& x,
-                         const Tensor& weight, const Tensor& residual, const Tensor& next_weight,
-                         const Tensor& next_out) {
-  check_on(be, op, "x", x);
-  check_on(be, op, "residual", residual);
-  check_on(be, op, "next_out", next_out);
-  check_dtype(op, "x", x, DType::kF32);
-  check_dtype(op, "residual", residual, DType::kF32);
-  check_dtype(op, "next_out", next_out, DType::kF32);
-  check_same_shape(op, "x", x, "residual", residual);
-  check_same_shape(op, "residual", residual, "next_out", next_out);
-  check_exact_alias(op, "residual", residual, "x", x);
-  check_no_alias(op, "next_out", next_out, "x", x);
-  check_no_alias(op, "next_out", next_out, "residual", residual);
-  if (x.rank() < 1) fail("{}: x must have rank >= 1, got {}", op, x.describe());
-  const int64_t d = x.dim(-1);
-  if (d == 0 || x.numel() == 0) return;  // nothing to compute or read
-  for (const auto& [name, w] :
-       {std::pair<const char*, const Tensor*>{"weight", &weight}, {"next_weight", &next_weight}}) {
-    if (w->empty()) continue;
-    check_on(be, op, name, *w);
-    check_float(op, name, *w);
-    if (w->rank() != 1 || w->dim(0) != d) {
-      fail("{}: {} {} must be [{}] to match the last dimension of x {}", op, name, w->describe(), d,
-           x.describe());
-    }
-  }
-  if (x.data() == residual.data()) {
-    fail("{}: x {} and residual {} must be different buffers", op, x.describe(),
-         residual.describe());
-  }
-}
-
-}  // namespace
-
 void CudaBackend::rms_norm_add_norm(const Tensor& x, const Tensor& weight, float eps,
                                     const Tensor& residual, float post_scale,
                                     const Tensor& next_weight, const Tensor& next_out) {
   OpTimer timer(*this, "rms_norm_add_norm");
-  check_add_norm_args(*this, "rms_norm_add_norm", x, weight, residual, next_weight, next_out);
+  constexpr const char* kOp = "rms_norm_add_norm";
+  check_on(*this, kOp, "x", x);
+  check_on(*this, kOp, "residual", residual);
+  check_on(*this, kOp, "next_out", next_out);
+  check_dtype(kOp, "x", x, DType::kF32);
+  check_dtype(kOp, "residual", residual, DType::kF32);
+  check_dtype(kOp, "next_out", next_out, DType::kF32);
+  check_same_shape(kOp, "x", x, "residual", residual);
+  check_same_shape(kOp, "residual", residual, "next_out", next_out);
+  check_exact_alias(kOp, "residual", residual, "x", x);
+  check_no_alias(kOp, "next_out", next_out, "x", x);
+  check_no_alias(kOp, "next_out", next_out, "residual", residual);
+  if (x.rank() < 1) fail("rms_norm_add_norm: x must have rank >= 1, got {}", x.describe());
   const int64_t d = x.dim(-1);
   if (d == 0 || x.numel() == 0) return;
+  for (const auto& [name, w] :
+       {std::pair<const char*, const Tensor*>{"weight", &weight}, {"next_weight", &next_weight}}) {
+    if (w->empty()) continue;
+    check_on(*this, kOp, name, *w);
+    check_float(kOp, name, *w);
+    if (w->rank() != 1 || w->dim(0) != d) {
+      fail("rms_norm_add_norm: {} {} must be [{}] to match the last dimension of x {}", name,
+           w->describe(), d, x.describe());
+    }
+  }
+  if (x.data() == residual.data()) {
+    fail("rms_norm_add_norm: x {} and residual {} must be different buffers", x.describe(),
+         residual.describe());
+  }
   const int64_t rows = x.numel() / d;
   const DType wdt = weight.empty() ? DType::kF32 : weight.dtype();
   const DType ndt = next_weight.empty() ? DType::kF32 : next_weight.dtype();

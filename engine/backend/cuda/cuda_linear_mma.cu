@@ -198,7 +198,7 @@ constexpr size_t dynamic_smem() {
 
 // Blocks per SM the register budget must allow: enough for one wave of the
 // model's narrow products (336 blocks for N = 5376) at single tiles, and four
-// 8-warp blocks with the short pipeline of large grids.
+// 8-warp (eight 4-warp) blocks with the short pipeline of large grids.
 template <int KS, int CT, int NT, int PS>
 constexpr int min_blocks() {
   if constexpr (PS == kDecodePipeStepsWide) return 4 * (8 / KS);
