@@ -149,13 +149,7 @@ __global__ void __launch_bounds__(kThreads)
   const int group = threadIdx.x / kGroup;
   const bool has_w = weight != nullptr;
   float w[kHeld];
-  if constexpr (kPer > 0) {
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int64_t c = lane + static_cast<int64_t>(i) * kGroup;
-      w[i] = has_w && c < d ? load_float<kDt>(weight, c) : 0.0f;
-    }
-  }
+  if constexpr (kPer > 0) load_weight_held<kDt, kPer, kGroup>(weight, lane, static_cast<int>(d), w);
   pdl_wait();
   // The loop bound depends only on blockIdx, so block-wide barriers inside are uniform.
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; base < rows;
@@ -165,16 +159,14 @@ __global__ void __launch_bounds__(kThreads)
     const float* xr = x + (active ? r : 0) * d;
     double sum = 0.0;
     if constexpr (kPer > 0) {
+      const int n = static_cast<int>(d);  // <= kPer · kGroup
       float xv[kPer], rv[kPer];
+      load_held<kPer, kGroup>(active ? xr : nullptr, lane, n, xv);
+      load_held<kPer, kGroup>(active && residual != nullptr ? residual + r * d : nullptr, lane, n,
+                              rv);
 #pragma unroll
       for (int i = 0; i < kPer; ++i) {
-        const int64_t c = lane + static_cast<int64_t>(i) * kGroup;
-        xv[i] = active && c < d ? xr[c] : 0.0f;
-        rv[i] = active && residual != nullptr && c < d ? residual[r * d + c] : 0.0f;
-      }
-#pragma unroll
-      for (int i = 0; i < kPer; ++i) {
-        if (lane + static_cast<int64_t>(i) * kGroup < d) rms_accumulate(sum, xv[i]);
+        if (lane + i * kGroup < n) rms_accumulate(sum, xv[i]);
       }
       sum = rms_group_sum<kGroup, kThreads>(sum, partials);
       if (!active) continue;

@@ -90,24 +90,21 @@ __device__ __forceinline__ void add_norm_row_in_registers(const float* xr, float
                                                           double* partials, __nv_bfloat16* split,
                                                           int64_t split_row_chunks, int64_t r) {
   const int lane = static_cast<int>(threadIdx.x);
+  const int n = static_cast<int>(d);  // <= kPer · kThreads
   float xv[kPer], rv[kPer];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int64_t c = lane + static_cast<int64_t>(i) * kThreads;
-    xv[i] = c < d ? xr[c] : 0.0f;
-    rv[i] = c < d ? rrow[c] : 0.0f;
-  }
+  load_held<kPer, kThreads>(xr, lane, n, xv);
+  load_held<kPer, kThreads>(rrow, lane, n, rv);
   double sum = 0.0;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    if (lane + static_cast<int64_t>(i) * kThreads < d) rms_accumulate(sum, xv[i]);
+    if (lane + i * kThreads < n) rms_accumulate(sum, xv[i]);
   }
   sum = fixed_block_sum<kThreads>(sum, partials);
   const float inv = rms_inv(sum, d, eps);
   double next_sum = 0.0;
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    if (lane + static_cast<int64_t>(i) * kThreads >= d) continue;
+    if (lane + i * kThreads >= n) continue;
     rv[i] = residual_update(rv[i], rms_apply_loaded(xv[i], inv, has_w, w[i]), post_scale);
     rms_accumulate(next_sum, rv[i]);
   }
@@ -115,8 +112,8 @@ __device__ __forceinline__ void add_norm_row_in_registers(const float* xr, float
   const float next_inv = rms_inv(next_sum, d, eps);
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
-    const int64_t c = lane + static_cast<int64_t>(i) * kThreads;
-    if (c >= d) continue;
+    const int c = lane + i * kThreads;
+    if (c >= n) continue;
     rrow[c] = rv[i];
     const float out = rms_apply_loaded(rv[i], next_inv, has_nw, nw[i]);
     orow[c] = out;
@@ -160,12 +157,8 @@ __global__ void __launch_bounds__(kThreads)
   const bool has_nw = next_weight != nullptr;
   float w[kHeld], nw[kHeld];
   if constexpr (kPer > 0) {
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int64_t c = lane + static_cast<int64_t>(i) * kGroup;
-      w[i] = has_w && c < d ? load_float<kW>(weight, c) : 0.0f;
-      nw[i] = has_nw && c < d ? load_float<kN>(next_weight, c) : 0.0f;
-    }
+    load_weight_held<kW, kPer, kGroup>(weight, lane, static_cast<int>(d), w);
+    load_weight_held<kN, kPer, kGroup>(next_weight, lane, static_cast<int>(d), nw);
   }
   pdl_wait();
   // The loop bound depends only on blockIdx, so block-wide barriers inside are uniform.
@@ -235,11 +228,7 @@ struct AttnInputsArgs {
 // vals[i] = row[lane + 32 i] for the lane's elements of a row of d <= kMaxHeadDim.
 __device__ __forceinline__ void load_row(const float* row, int64_t d, int lane,
                                          float (&vals)[kPerLane]) {
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int64_t c = lane + 32 * i;
-    vals[i] = c < d ? row[c] : 0.0f;
-  }
+  load_held<kPerLane, 32>(row, lane, static_cast<int>(d), vals);
 }
 
 // rms_inv of a row spread over the warp as load_row leaves it: squares summed
@@ -270,23 +259,31 @@ __device__ __forceinline__ void write_plain_norm(const float (&vals)[kPerLane], 
   }
 }
 
-// out (and out2 unless null) = rope(rms_apply(vals, inv)·weight) of one row. The
-// normalised row goes through the warp's shared row `srow` because RoPE pairs
-// element j with j + d/2, which another lane may hold.
-template <DType kDt>
+// inv_freq[j] for the lane's rotation pairs j = lane + 32 i (i < kPerLane / 2)
+// of a head of d dims (d / 2 pairs), 0 past them.
+constexpr int kPairsPerLane = kPerLane / 2;
+
+// out (and out2 unless null) = rope(rms_apply(vals, inv)·w) of one row, with
+// w the lane's weight elements (load_weight_held) and freqs its inv_freq
+// values. The normalised row goes through the warp's shared row `srow`
+// because RoPE pairs element j with j + d/2, which another lane may hold.
 __device__ __forceinline__ void write_norm_rope(const float (&vals)[kPerLane], float inv,
-                                                const void* weight, int64_t d, int lane,
-                                                float* srow, int32_t position,
-                                                const float* inv_freq, float* out, float* out2) {
+                                                const float (&w)[kPerLane], bool has_weight,
+                                                int64_t d, int lane, float* srow, int32_t position,
+                                                const float (&freqs)[kPairsPerLane], float* out,
+                                                float* out2) {
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
-    const int64_t c = lane + 32 * i;
-    if (c < d) srow[c] = rms_apply<kDt>(vals[i], inv, weight, c);
+    const int c = lane + 32 * i;
+    if (c < d) srow[c] = rms_apply_loaded(vals[i], inv, has_weight, w[i]);
   }
   __syncwarp();
-  const int64_t half = d / 2;
-  for (int64_t j = lane; j < half; j += 32) {
-    const float2 y = rope_rotate(srow[j], srow[j + half], position, inv_freq[j]);
+  const int half = static_cast<int>(d / 2);
+#pragma unroll
+  for (int i = 0; i < kPairsPerLane; ++i) {
+    const int j = lane + 32 * i;
+    if (j >= half) break;
+    const float2 y = rope_rotate(srow[j], srow[j + half], position, freqs[i]);
     out[j] = y.x;
     out[j + half] = y.y;
     if (out2 != nullptr) {
@@ -301,27 +298,49 @@ __device__ __forceinline__ void write_norm_rope(const float (&vals)[kPerLane], f
 // [M·Nh, M·(Nh + KV)) are (token, kv head) rows of k, each of which also
 // produces the same row of v and, with a cache, their cache rows. Only
 // __syncwarp is used, so warps of a block may take different branches.
+//
+// The norm weight of the warp's first row and the rotation frequencies are
+// loaded before pdl_wait() (neither is written by any kernel): in a decode
+// step each warp has one row, and this takes two dependent memory round trips
+// off the path between the q/k/v product and attention.
 template <DType kQ, DType kK>
 __global__ void __launch_bounds__(kThreads) attention_inputs_kernel(AttnInputsArgs a) {
-  pdl_enter();
+  pdl_launch_dependents();
   __shared__ float rows_smem[kWarps][kMaxHeadDim];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   float* srow = rows_smem[warp];
   const int64_t d = a.d;
+  const int n = static_cast<int>(d);
   const int64_t q_rows = a.tokens * a.heads;
   const int64_t total = q_rows + a.tokens * a.kv_heads;
+  float freqs[kPairsPerLane];  // (a head of one dim has no pairs)
+  load_held<kPairsPerLane, 32>(n >= 2 ? a.inv_freq : nullptr, lane, n / 2, freqs);
+  float w[kPerLane];
+  int held = -1;  // the weight w holds: 0 q_norm, 1 k_norm, -1 none yet
+  const auto hold_weight = [&](int which) {
+    if (held == which) return;
+    if (which == 0) {
+      load_weight_held<kQ, kPerLane, 32>(a.q_norm, lane, n, w);
+    } else {
+      load_weight_held<kK, kPerLane, 32>(a.k_norm, lane, n, w);
+    }
+    held = which;
+  };
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  if (first < total) hold_weight(first < q_rows ? 0 : 1);
+  pdl_wait();
   // r depends only on the warp: every lane of a warp takes the same path.
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp; r < total;
-       r += static_cast<int64_t>(gridDim.x) * kWarps) {
+  for (int64_t r = first; r < total; r += static_cast<int64_t>(gridDim.x) * kWarps) {
     float vals[kPerLane];
     if (r < q_rows) {
       const int64_t t = r / a.heads;
       float* qrow = a.q + r * d;
       load_row(qrow, d, lane, vals);
       const float inv = warp_row_inv(vals, d, lane, a.eps);
-      write_norm_rope<kQ>(vals, inv, a.q_norm, d, lane, srow, a.positions[t], a.inv_freq, qrow,
-                          nullptr);
+      hold_weight(0);
+      write_norm_rope(vals, inv, w, a.q_norm != nullptr, d, lane, srow, a.positions[t], freqs, qrow,
+                      nullptr);
       continue;
     }
     const int64_t kr = r - q_rows;  // t · KV + h
@@ -351,7 +370,8 @@ __global__ void __launch_bounds__(kThreads) attention_inputs_kernel(AttnInputsAr
     }
     // Every lane has loaded its raw k (above) before write_norm_rope's
     // __syncwarp, so overwriting elements another lane read is safe.
-    write_norm_rope<kK>(vals, inv_k, a.k_norm, d, lane, srow, pos, a.inv_freq, krow, ck);
+    hold_weight(1);
+    write_norm_rope(vals, inv_k, w, a.k_norm != nullptr, d, lane, srow, pos, freqs, krow, ck);
   }
 }
 
