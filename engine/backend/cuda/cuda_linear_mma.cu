@@ -172,10 +172,14 @@ constexpr int ring_steps() {
 // Single-row products (decode) stream the weights through a per-lane cp.async
 // pipeline of PS steps in shared memory instead of the register ring: more
 // bytes in flight per warp (up to 8 KB) at fewer registers. Each lane reads back
-// only what it copied itself, so no barrier is needed. With more rows the
-// pipeline's shared memory leaves too little L1 for the x_split rows every
-// lane reads (measured on an H200: 5-row products lost 20-35%), so those keep
-// the ring (PS = 0). Where the weights wait never changes the sums.
+// only what it copied itself, so no barrier is needed. Products of 2-8 rows
+// (one row tile) take the same pipeline, with x from x_split, when they have
+// at least a block per SM and rows of at least kRowsPipelineMinK: there the
+// ring's 4 KB a warp left the weights latency bound (31B verify window on an
+// H200: 21.34 -> 20.58 ms). Smaller ones keep the ring (PS = 0): E2B's and
+// E4B's verify windows got 3-8% slower with the pipeline (its shared memory
+// leaves less L1 for the x_split rows every lane reads, and short rows give
+// the pipeline few steps). Where the weights wait never changes the sums.
 template <int CT>
 constexpr int kDecodePipeSteps = 8 / CT;
 // Grids of single tiles larger than three 8-warp blocks per SM (q/k/v: 1,024
@@ -184,6 +188,8 @@ constexpr int kDecodePipeSteps = 8 / CT;
 // blocks per SM (the 16,384-column q_proj of 31B's full-attention layers:
 // 1.3 waves at six blocks an SM, one at eight).
 constexpr int kDecodePipeStepsWide = 5;
+// Shortest rows (K) of a several-row product that takes the pipeline.
+constexpr int64_t kRowsPipelineMinK = 4096;
 template <int KS, int CT, int PS>
 constexpr size_t pipe_bytes() {
   return static_cast<size_t>(PS) * CT * 2 * KS * 32 * sizeof(uint4);
@@ -209,8 +215,10 @@ constexpr int min_blocks() {
 // weight tile c (wrow[c][0] = the lane's row g, wrow[c][1] = row g + 8) and row
 // tile j (xrow[j] = chunk 0 of the lane's activation row g of tile j in
 // x_split; padding rows past M point at a real row, and their results are
-// never written). Single-row products (PS > 0) read x_row, the f32 row, and
-// split it themselves instead. Only weights are loaded before pdl_wait().
+// never written). Single-row products (PS > 0, x_row not null) read x_row, the
+// f32 row, and split it themselves instead; several-row products on the
+// pipeline (PS > 0, x_row null) read x_split. Only weights are loaded before
+// pdl_wait().
 //
 // Steps whose 32 elements all lie below K ("full" steps) take unchecked
 // 16-byte weight loads (pipeline or ring); the one partial step at the end of
@@ -281,43 +289,63 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
       cp_async_commit();
     }
     pdl_wait();
-    // x is one row (decode) and split here, without the split kernel: every 4
-    // steps, lane (g < 4, t) splits chunk t of step i + g into the warp's
-    // stage, from which all lanes then read (one row: every n8 slot gets row 0).
-    uint4* stage_x = pipe_smem + pipe_bytes<KS, CT, PS>() / sizeof(uint4) +
-                     static_cast<int>(threadIdx.x >> 5) * kSplitGroup * 4 * 3;
-    const int g = static_cast<int>((threadIdx.x & 31u) >> 2);
-    int stage = 0;  // i % PS
-    for (int64_t i = 0; i < full; ++i) {
-      if (i % kSplitGroup == 0) {
-        __syncwarp();  // the previous group's stage has been read
-        if (g < kSplitGroup && i + g < full) {
-          float xv[8];
-          load_x8(x_row + (s_begin + i + g) * kStepK + 8 * t, xv);
-          const SplitX sx = split_x(xv);
-          uint4* dst = stage_x + (g * 4 + t) * 3;
-          dst[0] = make_uint4(sx.hi[0], sx.hi[1], sx.hi[2], sx.hi[3]);
-          dst[1] = make_uint4(sx.mid[0], sx.mid[1], sx.mid[2], sx.mid[3]);
-          dst[2] = make_uint4(sx.lo[0], sx.lo[1], sx.lo[2], sx.lo[3]);
-        }
-        __syncwarp();
-      }
-      cp_async_wait<PS - 1>();  // group i (step i) has landed
-      const uint4* xs = stage_x + (static_cast<int>(i % kSplitGroup) * 4 + t) * 3;
-      const SplitX split{{xs[0].x, xs[0].y, xs[0].z, xs[0].w},
-                         {xs[1].x, xs[1].y, xs[1].z, xs[1].w},
-                         {xs[2].x, xs[2].y, xs[2].z, xs[2].w}};
+    if (x_row == nullptr) {
+      // Several rows: their splits come from x_split, step by step.
+      int stage = 0;  // i % PS
+      for (int64_t i = 0; i < full; ++i) {
+        cp_async_wait<PS - 1>();  // group i (step i) has landed
+        uint4 w[CT][2];
 #pragma unroll
-      for (int c = 0; c < CT; ++c) {
-        mma_step(acc[c][0], pipe[((stage * CT + c) * 2 + 0) * kThreads],
-                 pipe[((stage * CT + c) * 2 + 1) * kThreads], split);
+        for (int c = 0; c < CT; ++c) {
+          w[c][0] = pipe[((stage * CT + c) * 2 + 0) * kThreads];
+          w[c][1] = pipe[((stage * CT + c) * 2 + 1) * kThreads];
+        }
+        // The stage is free once read: refill it with step i + PS.
+        if (i + PS < full) issue(i + PS, stage);
+        cp_async_commit();
+        compute(w, i);
+        stage = stage + 1 == PS ? 0 : stage + 1;
       }
-      // The stage is free once read: refill it with step i + PS.
-      if (i + PS < full) issue(i + PS, stage);
-      cp_async_commit();
-      stage = stage + 1 == PS ? 0 : stage + 1;
+      cp_async_wait<0>();
+    } else {
+      // x is one row (decode) and split here, without the split kernel: every 4
+      // steps, lane (g < 4, t) splits chunk t of step i + g into the warp's
+      // stage, from which all lanes then read (one row: every n8 slot gets row 0).
+      uint4* stage_x = pipe_smem + pipe_bytes<KS, CT, PS>() / sizeof(uint4) +
+                       static_cast<int>(threadIdx.x >> 5) * kSplitGroup * 4 * 3;
+      const int g = static_cast<int>((threadIdx.x & 31u) >> 2);
+      int stage = 0;  // i % PS
+      for (int64_t i = 0; i < full; ++i) {
+        if (i % kSplitGroup == 0) {
+          __syncwarp();  // the previous group's stage has been read
+          if (g < kSplitGroup && i + g < full) {
+            float xv[8];
+            load_x8(x_row + (s_begin + i + g) * kStepK + 8 * t, xv);
+            const SplitX sx = split_x(xv);
+            uint4* dst = stage_x + (g * 4 + t) * 3;
+            dst[0] = make_uint4(sx.hi[0], sx.hi[1], sx.hi[2], sx.hi[3]);
+            dst[1] = make_uint4(sx.mid[0], sx.mid[1], sx.mid[2], sx.mid[3]);
+            dst[2] = make_uint4(sx.lo[0], sx.lo[1], sx.lo[2], sx.lo[3]);
+          }
+          __syncwarp();
+        }
+        cp_async_wait<PS - 1>();  // group i (step i) has landed
+        const uint4* xs = stage_x + (static_cast<int>(i % kSplitGroup) * 4 + t) * 3;
+        const SplitX split{{xs[0].x, xs[0].y, xs[0].z, xs[0].w},
+                           {xs[1].x, xs[1].y, xs[1].z, xs[1].w},
+                           {xs[2].x, xs[2].y, xs[2].z, xs[2].w}};
+#pragma unroll
+        for (int c = 0; c < CT; ++c) {
+          mma_step(acc[c][0], pipe[((stage * CT + c) * 2 + 0) * kThreads],
+                   pipe[((stage * CT + c) * 2 + 1) * kThreads], split);
+        }
+        // The stage is free once read: refill it with step i + PS.
+        if (i + PS < full) issue(i + PS, stage);
+        cp_async_commit();
+        stage = stage + 1 == PS ? 0 : stage + 1;
+      }
+      cp_async_wait<0>();
     }
-    cp_async_wait<0>();
   } else {
     constexpr int U = ring_steps<CT, NT>();
     uint4 ring[U][CT][2];
@@ -366,7 +394,7 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       SplitX split;
-      if constexpr (PS > 0) {
+      if (PS > 0 && x_row != nullptr) {
         float xv[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) xv[e] = k + e < k_dim ? x_row[k + e] : 0.0f;
@@ -462,6 +490,8 @@ __device__ __forceinline__ void store_tile(const Combine<KS, CT, NT>& sh, float*
 
 // y = x · wᵀ. Grid: (column block of 16·CT columns) × (row group of 8·NT rows),
 // the row group fastest so that blocks streaming the same weights run together.
+// xf is x itself on the decode path (one row, split in the kernel), else null
+// (x_split holds the rows), as in the kernels below.
 template <int KS, int CT, int NT, bool kVec, int PS>
 __global__ void __launch_bounds__(KS * 32, min_blocks<KS, CT, NT, PS>())
     mma_linear_kernel(const float* __restrict__ xf, const uint4* __restrict__ x,
@@ -479,7 +509,8 @@ __global__ void __launch_bounds__(KS * 32, min_blocks<KS, CT, NT, PS>())
   const uint4* xrow[NT];
   lane_x_rows<NT>(x, m0, m_rows, k_dim, xrow);
   float acc[CT][NT][4];
-  warp_partials<KS, CT, NT, kVec, PS>(wrow, xrow, xf + m0 * k_dim, k_dim, acc);
+  warp_partials<KS, CT, NT, kVec, PS>(wrow, xrow, xf != nullptr ? xf + m0 * k_dim : nullptr, k_dim,
+                                      acc);
   publish(sh, acc);
   store_tile(sh, y, m0, m_rows, n0, n_cols);
 }
@@ -502,7 +533,8 @@ __global__ void __launch_bounds__(KS * 32, min_blocks<KS, CT, NT, PS>())
   const uint4* xrow[NT];
   lane_x_rows<NT>(x, m0, m_rows, k_dim, xrow);
   float acc[CT][NT][4];
-  warp_partials<KS, CT, NT, true, PS>(wrow, xrow, xf + m0 * k_dim, k_dim, acc);
+  warp_partials<KS, CT, NT, true, PS>(wrow, xrow, xf != nullptr ? xf + m0 * k_dim : nullptr, k_dim,
+                                      acc);
   publish(sh, acc);
   store_tile(sh, out.y, m0, m_rows, n0, out.n_cols);
 }
@@ -527,7 +559,8 @@ __global__ void __launch_bounds__(KS * 32, min_blocks<KS, 2, NT, PS>())
   const uint4* xrow[NT];
   lane_x_rows<NT>(x, m0, m_rows, k_dim, xrow);
   float acc[2][NT][4];
-  warp_partials<KS, 2, NT, kVec, PS>(wrow, xrow, xf + m0 * k_dim, k_dim, acc);
+  warp_partials<KS, 2, NT, kVec, PS>(wrow, xrow, xf != nullptr ? xf + m0 * k_dim : nullptr, k_dim,
+                                     acc);
   publish(sh, acc);
   for (int idx = static_cast<int>(threadIdx.x); idx < NT * 4 * 32; idx += KS * 32) {
     const int e = idx >> 5;  // entry of tile 0; tile 1's is e + NT·4
@@ -604,9 +637,10 @@ int column_tiles(bool decode, bool vec) {
 
 // Calls f(kVec, PS) as integral constants: kVec when `vec` (16-byte weight
 // loads); PS, the pipeline steps, on the decode path (fewer for large grids of
-// single tiles, see kDecodePipeStepsWide), else 0.
+// single tiles, see kDecodePipeStepsWide) and for products of up to 8 rows
+// that are large enough (kRowsPipelineMinK), else 0 (the register ring).
 template <int KS, int CT, int NT, typename F>
-void with_paths(bool vec, bool decode, int64_t blocks, F&& f) {
+void with_paths(bool vec, bool decode, int64_t blocks, int64_t k_dim, F&& f) {
   if (!vec) return f(std::false_type{}, std::integral_constant<int, 0>{});
   if constexpr (NT == 1) {
     if (decode) {
@@ -619,6 +653,9 @@ void with_paths(bool vec, bool decode, int64_t blocks, F&& f) {
           return f(std::true_type{}, std::integral_constant<int, kDecodePipeStepsWide>{});
         }
       }
+      return f(std::true_type{}, std::integral_constant<int, kDecodePipeSteps<CT>>{});
+    }
+    if (blocks >= sm_count() && k_dim >= kRowsPipelineMinK) {
       return f(std::true_type{}, std::integral_constant<int, kDecodePipeSteps<CT>>{});
     }
   }
@@ -668,13 +705,13 @@ void mma_linear(const float* x, void* x_split, bool split_ready, const void* w, 
       const int64_t row_groups = (m + kTileRows * NT - 1) / (kTileRows * NT);
       const int64_t blocks =
           checked_blocks((n + kTileCols * CT - 1) / (kTileCols * CT), row_groups, "linear");
-      with_paths<KS, CT, NT>(vec, decode, blocks, [&](auto vec_c, auto ps) {
+      with_paths<KS, CT, NT>(vec, decode, blocks, k, [&](auto vec_c, auto ps) {
         constexpr bool kVec = decltype(vec_c)::value;
         constexpr int PS = decltype(ps)::value;
-        if constexpr (CT == 1 || PS == 0) {
+        {
           launch_pdl(mma_linear_kernel<KS, CT, NT, kVec, PS>, blocks, KS * 32,
-                     dynamic_smem<KS, CT, PS>(), stream, "mma_linear_kernel", x, xs, wb, y, m, n, k,
-                     static_cast<int>(row_groups));
+                     dynamic_smem<KS, CT, PS>(), stream, "mma_linear_kernel", decode ? x : nullptr,
+                     xs, wb, y, m, n, k, static_cast<int>(row_groups));
         }
       });
     });
@@ -710,12 +747,12 @@ void mma_linear_multi(const float* x, void* x_split, bool split_ready,
       launch_multi_batches<bf16>(
           outs, [&](int64_t n) { return (n + kTileCols * CT - 1) / (kTileCols * CT) * row_groups; },
           [&](const MultiOuts<bf16>& batch, int64_t blocks) {
-            with_paths<KS, CT, NT>(true, decode, blocks, [&](auto, auto ps) {
+            with_paths<KS, CT, NT>(true, decode, blocks, k, [&](auto, auto ps) {
               constexpr int PS = decltype(ps)::value;
-              if constexpr (CT == 1 || PS == 0) {
+              {
                 launch_pdl(mma_multi_kernel<KS, CT, NT, PS>, blocks, KS * 32,
-                           dynamic_smem<KS, CT, PS>(), stream, "mma_multi_kernel", x, xs, batch, m,
-                           k, static_cast<int>(row_groups));
+                           dynamic_smem<KS, CT, PS>(), stream, "mma_multi_kernel",
+                           decode ? x : nullptr, xs, batch, m, k, static_cast<int>(row_groups));
               }
             });
           });
@@ -743,11 +780,11 @@ void mma_linear_gelu_mul(const float* x, void* x_split, bool split_ready, void* 
     const int64_t row_groups = (m + kTileRows * NT - 1) / (kTileRows * NT);
     const int64_t blocks =
         checked_blocks((n + kTileCols - 1) / kTileCols, row_groups, "linear_gelu_mul");
-    with_paths<KS, 2, NT>(vec, decode, blocks, [&](auto vec_c, auto ps) {
+    with_paths<KS, 2, NT>(vec, decode, blocks, k, [&](auto vec_c, auto ps) {
       constexpr bool kVec = decltype(vec_c)::value;
       constexpr int PS = decltype(ps)::value;
       launch_pdl(mma_gelu_mul_kernel<KS, NT, kVec, PS>, blocks, KS * 32, dynamic_smem<KS, 2, PS>(),
-                 stream, "mma_gelu_mul_kernel", x, xs, wg, wu, gate, m, n, k,
+                 stream, "mma_gelu_mul_kernel", decode ? x : nullptr, xs, wg, wu, gate, m, n, k,
                  static_cast<int>(row_groups), static_cast<bf16*>(out_split));
     });
   });
