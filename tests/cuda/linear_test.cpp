@@ -336,6 +336,83 @@ TEST(CudaLinearTensorCore, WideDecodeGridsKeepTheBits) {
   }
 }
 
+// Products of 2-8 rows with K >= 4,096 and at least a block per SM stream
+// their weights through the cp.async pipeline, smaller ones through a register
+// ring (cuda_linear_mma.cu): either way a row must keep the bits of the
+// one-row call and stay close to the CPU. N = 8,192 gives 256 blocks of 32
+// columns (a block per SM on any Hopper); K = 4,104 adds a partial last step.
+// The q/k/v-shaped launch and the gate/up product take the pipeline where the
+// single products they must equal (k, v: 128 blocks; gate, up) take the ring.
+TEST(CudaLinearTensorCore, SeveralRowPipelineKeepsTheBits) {
+  SKIP_WITHOUT_CUDA();
+  for (const int64_t k : {int64_t{4096}, int64_t{4104}}) {
+    const int64_t n = 8192;
+    Twin w(DType::kBF16, {n, k});
+    w.randomize(static_cast<uint64_t>(91 + k), -0.5f, 0.5f);
+    for (const int64_t m : {int64_t{2}, int64_t{5}, int64_t{8}}) {
+      const std::string where = "M=" + std::to_string(m) + " K=" + std::to_string(k);
+      Twin x(DType::kF32, {m, k});
+      x.randomize(static_cast<uint64_t>(92 + m + k));
+      Twin y = poisoned_output({m, n});
+      gpu_be().linear(x.dev, w.dev, y.dev);
+      const HostTensor got = y.pull();
+      HostTensor want(DType::kF32, {m, n});
+      cpu_be().linear(x.host, w.host, want);
+      expect_close(got, want, kInvariantTol, ("several-row pipeline vs cpu, " + where).c_str());
+      for (int64_t r = 0; r < m; ++r) {
+        Twin x1(DType::kF32, {1, k});
+        std::memcpy(x1.host.data<float>(), x.host.data<float>() + r * k,
+                    static_cast<size_t>(k) * sizeof(float));
+        x1.push();
+        Twin y1 = poisoned_output({1, n});
+        gpu_be().linear(x1.dev, w.dev, y1.dev);
+        EXPECT_TRUE(same_bits(y1.pull().data<float>(), got.data<float>() + r * n, n))
+            << where << ": row " << r << " differs from the one-row call";
+      }
+    }
+  }
+
+  const int64_t k = 4096;
+  const int64_t m = 5;
+  Twin x(DType::kF32, {m, k});
+  x.randomize(95);
+  const int64_t widths[3] = {8192, 4096, 4096};
+  std::vector<Twin> ws;
+  std::vector<Twin> ys;
+  std::vector<LinearOut> outs;
+  ws.reserve(3);
+  ys.reserve(3);
+  for (int i = 0; i < 3; ++i) {
+    ws.emplace_back(DType::kBF16, Shape{widths[i], k});
+    ws.back().randomize(static_cast<uint64_t>(96 + i), -0.5f, 0.5f);
+    ys.push_back(poisoned_output({m, widths[i]}));
+    outs.push_back({ws.back().dev, ys.back().dev});
+  }
+  gpu_be().linear_multi(x.dev, outs);
+  for (int i = 0; i < 3; ++i) {
+    Twin single = poisoned_output({m, widths[i]});
+    gpu_be().linear(x.dev, ws[i].dev, single.dev);
+    EXPECT_TRUE(same_bits(ys[i].pull().data<float>(), single.pull().data<float>(), m * widths[i]))
+        << "linear_multi output " << i << " differs from linear()";
+  }
+
+  const int64_t inter = 4096;  // 256 blocks of 16 gate (and 16 up) columns
+  Twin w_gate(DType::kBF16, {inter, k});
+  w_gate.randomize(99, -0.5f, 0.5f);
+  Twin w_up(DType::kBF16, {inter, k});
+  w_up.randomize(100, -0.5f, 0.5f);
+  Twin gate = poisoned_output({m, inter});
+  Twin up = poisoned_output({m, inter});
+  gpu_be().linear_gelu_mul(x.dev, w_gate.dev, w_up.dev, gate.dev, up.dev);
+  Twin g = poisoned_output({m, inter});
+  Twin u = poisoned_output({m, inter});
+  gpu_be().linear(x.dev, w_gate.dev, g.dev);
+  gpu_be().linear(x.dev, w_up.dev, u.dev);
+  gpu_be().gelu_mul(g.dev, u.dev, g.dev);
+  EXPECT_TRUE(same_bits(gate.pull().data<float>(), g.pull().data<float>(), m * inter))
+      << "linear_gelu_mul differs from linear, linear, gelu_mul";
+}
+
 // The cuBLASLt path is deterministic for a given shape and, once warm, allocates nothing.
 TEST(CudaLinearPrefill, DeterministicAndAllocationFree) {
   SKIP_WITHOUT_CUDA();
