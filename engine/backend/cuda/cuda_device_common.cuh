@@ -105,31 +105,16 @@ __device__ __forceinline__ double fixed_block_sum(double v, double* partials) {
 inline constexpr int kRegisterElems = 24;
 
 // v[i] = p[lane + i·kStride] for the kPer elements a thread holds of a row of
-// n (> 0) elements, 0 past the row; with a null p, all 0. The loads are
-// unconditional (the index is clamped into the row, then the values past it
-// are zeroed) and use 32-bit indices (held rows are short), so the code is
-// straight-line at low register pressure. Why: with a condition per element
-// and 64-bit indices ptxas interleaved each load with the sums that use it,
-// one memory round trip per element (rms_norm_add_norm at 5,376 elements: 24
-// round trips, ~5 us of a ~7 us call on an H200).
-template <int kPer, int kStride>
-__device__ __forceinline__ void load_held(const float* p, int lane, int n, float (&v)[kPer]) {
-  if (p == nullptr) {
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) v[i] = 0.0f;
-    return;
-  }
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) v[i] = p[min(lane + i * kStride, n - 1)];
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    if (lane + i * kStride >= n) v[i] = 0.0f;
-  }
-}
-
-// The same for a weight vector of dtype kDt, widened exactly to f32.
-template <DType kDt, int kPer, int kStride>
-__device__ __forceinline__ void load_weight_held(const void* p, int lane, int n, float (&v)[kPer]) {
+// n (> 0) elements of dtype kDt (f32, or a 16-bit float widened exactly), 0
+// past the row; with a null p, all 0. The loads are unconditional (the index
+// is clamped into the row, then the values past it are zeroed) and use 32-bit
+// indices (held rows are short), so the code is straight-line at low register
+// pressure. Why: with a condition per element and 64-bit indices ptxas
+// interleaved each load with the sums that use it, one memory round trip per
+// element (rms_norm_add_norm at 5,376 elements: 24 round trips, ~5 us of a
+// ~7 us call on an H200).
+template <int kPer, int kStride, DType kDt = DType::kF32>
+__device__ __forceinline__ void load_held(const void* p, int lane, int n, float (&v)[kPer]) {
   if (p == nullptr) {
 #pragma unroll
     for (int i = 0; i < kPer; ++i) v[i] = 0.0f;

@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kThreads)
   const int group = threadIdx.x / kGroup;
   const bool has_w = weight != nullptr;
   float w[kHeld];
-  if constexpr (kPer > 0) load_weight_held<kDt, kPer, kGroup>(weight, lane, static_cast<int>(d), w);
+  if constexpr (kPer > 0) load_held<kPer, kGroup, kDt>(weight, lane, static_cast<int>(d), w);
   pdl_wait();
   // The loop bound depends only on blockIdx, so block-wide barriers inside are uniform.
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock; base < rows;

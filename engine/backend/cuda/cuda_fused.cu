@@ -157,8 +157,8 @@ __global__ void __launch_bounds__(kThreads)
   const bool has_nw = next_weight != nullptr;
   float w[kHeld], nw[kHeld];
   if constexpr (kPer > 0) {
-    load_weight_held<kW, kPer, kGroup>(weight, lane, static_cast<int>(d), w);
-    load_weight_held<kN, kPer, kGroup>(next_weight, lane, static_cast<int>(d), nw);
+    load_held<kPer, kGroup, kW>(weight, lane, static_cast<int>(d), w);
+    load_held<kPer, kGroup, kN>(next_weight, lane, static_cast<int>(d), nw);
   }
   pdl_wait();
   // The loop bound depends only on blockIdx, so block-wide barriers inside are uniform.
@@ -259,12 +259,11 @@ __device__ __forceinline__ void write_plain_norm(const float (&vals)[kPerLane], 
   }
 }
 
-// inv_freq[j] for the lane's rotation pairs j = lane + 32 i (i < kPerLane / 2)
-// of a head of d dims (d / 2 pairs), 0 past them.
+// Rotation pairs (j, j + d/2) per lane: lane holds pairs j = lane + 32 i.
 constexpr int kPairsPerLane = kPerLane / 2;
 
 // out (and out2 unless null) = rope(rms_apply(vals, inv)·w) of one row, with
-// w the lane's weight elements (load_weight_held) and freqs its inv_freq
+// w the lane's weight elements (load_held) and freqs its inv_freq
 // values. The normalised row goes through the warp's shared row `srow`
 // because RoPE pairs element j with j + d/2, which another lane may hold.
 __device__ __forceinline__ void write_norm_rope(const float (&vals)[kPerLane], float inv,
@@ -321,9 +320,9 @@ __global__ void __launch_bounds__(kThreads) attention_inputs_kernel(AttnInputsAr
   const auto hold_weight = [&](int which) {
     if (held == which) return;
     if (which == 0) {
-      load_weight_held<kQ, kPerLane, 32>(a.q_norm, lane, n, w);
+      load_held<kPerLane, 32, kQ>(a.q_norm, lane, n, w);
     } else {
-      load_weight_held<kK, kPerLane, 32>(a.k_norm, lane, n, w);
+      load_held<kPerLane, 32, kK>(a.k_norm, lane, n, w);
     }
     held = which;
   };
