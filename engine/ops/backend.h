@@ -116,6 +116,46 @@ struct MoeExpertsParams {
   Tensor out;             // f32 [N, H]; must not alias x
 };
 
+// How one row of logits becomes a distribution on the device: steps 2-6 of
+// the sampling pipeline (engine/sampling/sampler.h: temperature, top-k, top-p,
+// min-p, renormalisation); penalties are not part of it (they need the row's
+// history, which stays on the host). Rows of one call may differ, so the
+// parameters travel as a tensor: i32 [M, 4], each row one RowSampling stored
+// bit for bit (the float fields as their IEEE bits).
+struct RowSampling {
+  float temperature = 1.0f;  // 0: greedy (one-hot at the argmax, lowest index on ties)
+  int32_t top_k = 0;         // <= 0, or >= V: off
+  float top_p = 1.0f;        // (0, 1]; 1: off
+  float min_p = 0.0f;        // [0, 1]; 0: off
+};
+static_assert(sizeof(RowSampling) == 4 * sizeof(int32_t));
+
+// A uniform in [0, 1) as the sampling ops take it: u = bits · 2^-53 with bits
+// in [0, 2^53) (Rng::uniform_bits), stored as i64 so every 53-bit value is exact.
+inline constexpr double kUniformScale = 1.0 / 9007199254740992.0;  // 2^-53
+
+// Exact speculative acceptance for R rows at once (Leviathan et al.; the
+// device form of engine/sampling/speculative.h). Row r owns the window rows
+// [b, e) = [row_begin[r], row_begin[r+1]): tokens[b] is its pending token and
+// tokens[b+1 .. e-1] its k = e - b - 1 drafts; p[b + j] is the target's
+// distribution for draft j (and p[e-1] the bonus distribution), q[q_rows[b+1+j]]
+// the drafter's. Draft j is accepted iff accept_draft(p[b+j], q[..], d_j,
+// u_j) with u_j = uniforms[b + j] (as bits, see kUniformScale), in order until
+// the first rejection; then out[r] = {n, t}: n drafts accepted and t drawn by
+// sample() with u = uniforms[e - 1] from residual_distribution(p[b+n], q[..])
+// on a rejection, or from p[e-1] when all k were accepted (k = 0: plain
+// sampling from p[b]). A row whose distributions hold a NaN or no mass gives
+// t = -1 on device backends (the CPU throws).
+struct SpeculativeAcceptParams {
+  Tensor p;          // f32 [M, V] (process_logits_rows)
+  Tensor q;          // f32 [Q, V] (may have 0 rows when no row drafts)
+  Tensor tokens;     // i32 [M]
+  Tensor q_rows;     // i32 [M]: entries at draft rows in [0, Q); the others unread
+  Tensor uniforms;   // i64 [M]
+  Tensor row_begin;  // i32 [R + 1]: 0 = row_begin[0] < ... < row_begin[R] = M
+  Tensor out;        // i32 [R, 2]
+};
+
 // A recorded sequence of ops (Backend::begin_capture); owned by the caller, used
 // only with the backend that recorded it.
 class StepGraph {
@@ -243,6 +283,23 @@ class Backend : public MemoryResource {
   // values f32 [M, n], ids i32 [M, n] with distinct values in [0, V) per row (the
   // CPU checks the range), out f32 [M, V]; no aliasing.
   virtual void fill_scatter_rows(const Tensor& values, const Tensor& ids, const Tensor& out) = 0;
+  // ---- sampling on the device (see RowSampling) ----
+  // probs[m, :] = process_logits(logits[m, :]) under params[m] without
+  // penalties (engine/sampling/sampler.h), so that a target's p and a drafter's q
+  // come out of one pipeline on the device as on the host. logits, probs f32
+  // [M, V]; probs may be logits itself (in place); params i32 [M, 4]. A row with
+  // a NaN or +inf logit, or only -inf ones: the CPU throws naming the row; device
+  // backends fill its probs with NaN, which sample_rows and
+  // speculative_accept_rows turn into token -1.
+  virtual void process_logits_rows(const Tensor& logits, const Tensor& params,
+                                   const Tensor& probs) = 0;
+  // out[m] = sample(probs[m, :]) (sampler.h) with u = uniforms[m] · 2^-53: the
+  // first token of non-zero probability whose running sum exceeds u · Σ probs[m].
+  // probs f32 [M, V] (non-negative), uniforms i64 [M] in [0, 2^53), out i32 [M].
+  // A row with a NaN, an infinity or no mass: -1 on device backends (the CPU throws).
+  virtual void sample_rows(const Tensor& probs, const Tensor& uniforms, const Tensor& out) = 0;
+  // See SpeculativeAcceptParams.
+  virtual void speculative_accept_rows(const SpeculativeAcceptParams& p) = 0;
   virtual void moe_route(const MoeRouteParams& p) = 0;
   virtual void moe_experts(const MoeExpertsParams& p) = 0;
   // Sizes the backend's own scratch for a model once, so that steady-state steps

@@ -80,6 +80,26 @@ struct FillScatterDims {
 FillScatterDims check_fill_scatter_rows(const char* op, const Tensor& values, const Tensor& ids,
                                         const Tensor& out);
 
+// Checks process_logits_rows' arguments (the parameter values are data,
+// checked where they are read); returns {M, V}.
+struct SamplingRowsDims {
+  int64_t rows = 0, vocab = 0;
+};
+SamplingRowsDims check_process_logits_rows(const char* op, const Tensor& logits,
+                                           const Tensor& params, const Tensor& probs);
+// Checks sample_rows' arguments; returns {M, V}.
+SamplingRowsDims check_sample_rows(const char* op, const Tensor& probs, const Tensor& uniforms,
+                                   const Tensor& out);
+// Checks SpeculativeAcceptParams' dtypes and shapes (offsets and rows are
+// data, checked where they are read).
+struct SpeculativeAcceptDims {
+  int64_t window_rows = 0;  // M
+  int64_t q_rows = 0;       // Q
+  int64_t rows = 0;         // R
+  int64_t vocab = 0;        // V
+};
+SpeculativeAcceptDims check_speculative_accept(const char* op, const SpeculativeAcceptParams& p);
+
 struct MoeExpertsDims {
   int64_t tokens = 0, hidden = 0, top_k = 0, experts = 0, inter = 0;
 };

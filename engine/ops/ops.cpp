@@ -4,6 +4,7 @@
 #include "engine/ops/op_checks.h"
 
 #include <limits>
+#include <utility>
 
 #include "engine/ops/backend.h"
 
@@ -104,6 +105,89 @@ FillScatterDims check_fill_scatter_rows(const char* op, const Tensor& values, co
   }
   check_no_alias(op, "out", out, "values", values);
   check_no_alias(op, "out", out, "ids", ids);
+  return d;
+}
+
+SamplingRowsDims check_process_logits_rows(const char* op, const Tensor& logits,
+                                           const Tensor& params, const Tensor& probs) {
+  check_dtype(op, "logits", logits, DType::kF32);
+  check_rank(op, "logits", logits, 2);
+  check_dtype(op, "probs", probs, DType::kF32);
+  check_same_shape(op, "logits", logits, "probs", probs);
+  check_exact_alias(op, "probs", probs, "logits", logits);
+  check_dtype(op, "params", params, DType::kI32);
+  const SamplingRowsDims d{.rows = logits.dim(0), .vocab = logits.dim(1)};
+  if (params.shape() != Shape{d.rows, 4}) {
+    fail("{}: params {} must be i32 [{}, 4] (one RowSampling per row of logits {})", op,
+         params.describe(), d.rows, logits.describe());
+  }
+  if (d.rows > 0 && d.vocab == 0) fail("{}: logits {} have empty rows", op, logits.describe());
+  if (d.vocab > std::numeric_limits<int32_t>::max()) {
+    fail("{}: logits {} rows are too long for i32 token ids", op, logits.describe());
+  }
+  check_no_alias(op, "probs", probs, "params", params);
+  return d;
+}
+
+SamplingRowsDims check_sample_rows(const char* op, const Tensor& probs, const Tensor& uniforms,
+                                   const Tensor& out) {
+  check_dtype(op, "probs", probs, DType::kF32);
+  check_rank(op, "probs", probs, 2);
+  check_dtype(op, "uniforms", uniforms, DType::kI64);
+  check_dtype(op, "out", out, DType::kI32);
+  const SamplingRowsDims d{.rows = probs.dim(0), .vocab = probs.dim(1)};
+  if (uniforms.shape() != Shape{d.rows} || out.shape() != Shape{d.rows}) {
+    fail("{}: uniforms {} and out {} must have one entry per row of probs {}", op,
+         uniforms.describe(), out.describe(), probs.describe());
+  }
+  if (d.rows > 0 && d.vocab == 0) fail("{}: probs {} have empty rows", op, probs.describe());
+  if (d.vocab > std::numeric_limits<int32_t>::max()) {
+    fail("{}: probs {} rows are too long for i32 token ids", op, probs.describe());
+  }
+  check_no_alias(op, "out", out, "probs", probs);
+  check_no_alias(op, "out", out, "uniforms", uniforms);
+  return d;
+}
+
+SpeculativeAcceptDims check_speculative_accept(const char* op, const SpeculativeAcceptParams& p) {
+  check_dtype(op, "p", p.p, DType::kF32);
+  check_rank(op, "p", p.p, 2);
+  check_dtype(op, "q", p.q, DType::kF32);
+  check_rank(op, "q", p.q, 2);
+  const SpeculativeAcceptDims d{
+      .window_rows = p.p.dim(0), .q_rows = p.q.dim(0), .rows = p.out.dim(0), .vocab = p.p.dim(1)};
+  if (p.q.dim(1) != d.vocab) {
+    fail("{}: q {} and p {} must have rows of one vocabulary", op, p.q.describe(), p.p.describe());
+  }
+  if (d.vocab == 0 || d.vocab > std::numeric_limits<int32_t>::max()) {
+    fail("{}: p {} must have rows of 1 .. 2^31-1 tokens", op, p.p.describe());
+  }
+  check_dtype(op, "tokens", p.tokens, DType::kI32);
+  check_dtype(op, "q_rows", p.q_rows, DType::kI32);
+  check_dtype(op, "uniforms", p.uniforms, DType::kI64);
+  const Shape window{d.window_rows};
+  if (p.tokens.shape() != window || p.q_rows.shape() != window || p.uniforms.shape() != window) {
+    fail("{}: tokens {}, q_rows {} and uniforms {} must have one entry per row of p {}", op,
+         p.tokens.describe(), p.q_rows.describe(), p.uniforms.describe(), p.p.describe());
+  }
+  check_dtype(op, "row_begin", p.row_begin, DType::kI32);
+  check_dtype(op, "out", p.out, DType::kI32);
+  check_rank(op, "out", p.out, 2);
+  if (p.out.dim(1) != 2 || p.row_begin.shape() != Shape{d.rows + 1}) {
+    fail("{}: out {} must be i32 [R, 2] and row_begin {} i32 [R + 1]", op, p.out.describe(),
+         p.row_begin.describe());
+  }
+  if (d.rows > d.window_rows) {
+    fail("{}: {} rows cannot share {} window rows (each needs one)", op, d.rows, d.window_rows);
+  }
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"p", &p.p},
+                                {"q", &p.q},
+                                {"tokens", &p.tokens},
+                                {"q_rows", &p.q_rows},
+                                {"uniforms", &p.uniforms},
+                                {"row_begin", &p.row_begin}}) {
+    check_no_alias(op, "out", p.out, name, *t);
+  }
   return d;
 }
 

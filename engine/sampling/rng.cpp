@@ -46,8 +46,12 @@ uint64_t Rng::next_u64() {
   return result;
 }
 
+uint64_t Rng::uniform_bits() {
+  return next_u64() >> 11;
+}
+
 double Rng::uniform() {
-  return static_cast<double>(next_u64() >> 11) * 0x1.0p-53;
+  return static_cast<double>(uniform_bits()) * 0x1.0p-53;
 }
 
 }  // namespace specula

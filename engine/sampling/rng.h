@@ -28,6 +28,10 @@ class Rng {
   // Uniform double in [0, 1): the top 53 bits of next_u64() scaled by 2^-53,
   // so every value is an exact multiple of 2^-53 and 1.0 never occurs.
   double uniform();
+  // The integer behind uniform(): the top 53 bits of next_u64(), so that
+  // uniform() == uniform_bits() · 2^-53 exactly. What the device sampling ops
+  // take (Backend::sample_rows), since a double need not survive every device.
+  uint64_t uniform_bits();
 
   const std::array<uint64_t, 4>& state() const { return s_; }
 

@@ -201,6 +201,11 @@ int32_t greedy_token(std::span<const float> logits, const TokenHistory& history,
 }
 
 int32_t sample(std::span<const float> probs, Rng& rng) {
+  return sample_at(probs, rng.uniform());
+}
+
+int32_t sample_at(std::span<const float> probs, double u) {
+  if (!(u >= 0.0 && u < 1.0)) fail("sample: the uniform {} is outside [0, 1)", u);
   double total = 0.0;
   for (size_t i = 0; i < probs.size(); ++i) {
     const float x = probs[i];
@@ -210,7 +215,7 @@ int32_t sample(std::span<const float> probs, Rng& rng) {
     total += x;
   }
   if (!(total > 0.0)) fail("sample: the distribution over {} tokens has no mass", probs.size());
-  const double target = rng.uniform() * total;
+  const double target = u * total;
   double running = 0.0;
   int32_t last = -1;
   for (size_t i = 0; i < probs.size(); ++i) {

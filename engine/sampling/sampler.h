@@ -97,6 +97,8 @@ int32_t greedy_token(std::span<const float> logits, const TokenHistory& history,
 // CDF with one rng.uniform(): the first index whose running sum exceeds u * sum.
 // A token of probability 0 is never returned.
 int32_t sample(std::span<const float> probs, Rng& rng);
+// sample() with the uniform given: u in [0, 1) replaces rng.uniform().
+int32_t sample_at(std::span<const float> probs, double u);
 
 // Greedy when params.greedy(), else process_logits + sample.
 int32_t sample_token(std::span<const float> logits, const TokenHistory& history,

@@ -64,6 +64,12 @@ class CpuBackend final : public Backend {
   void top_k_rows(const Tensor& x, const Tensor& out) override;
   // An id outside [0, V) throws (naming it).
   void fill_scatter_rows(const Tensor& values, const Tensor& ids, const Tensor& out) override;
+  // Row by row through engine/sampling (cpu_sampling.cpp); invalid rows throw,
+  // naming the row.
+  void process_logits_rows(const Tensor& logits, const Tensor& params,
+                           const Tensor& probs) override;
+  void sample_rows(const Tensor& probs, const Tensor& uniforms, const Tensor& out) override;
+  void speculative_accept_rows(const SpeculativeAcceptParams& p) override;
   void moe_route(const MoeRouteParams& p) override;
   void moe_experts(const MoeExpertsParams& p) override;
   void copy(const Tensor& src, const Tensor& dst) override;

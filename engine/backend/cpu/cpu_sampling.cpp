@@ -1,0 +1,149 @@
+// SPDX-License-Identifier: Apache-2.0
+// The device sampling ops (process_logits_rows, sample_rows,
+// speculative_accept_rows) on the CPU: row by row through the host sampling
+// pipeline itself (engine/sampling), so that these ops are by construction
+// what the decoder's host path computes, and every other backend is tested
+// against them.
+#include <cstring>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "engine/backend/cpu/cpu_backend.h"
+#include "engine/sampling/sampler.h"
+#include "engine/sampling/speculative.h"
+
+namespace specula {
+namespace {
+
+// A workspace for the vocabulary at hand, one per thread, rebuilt only when
+// the vocabulary size changes (so steady-state calls allocate nothing).
+SamplingWorkspace& workspace_for(int64_t vocab) {
+  thread_local std::optional<SamplingWorkspace> ws;
+  if (!ws || ws->vocab_size() != vocab) ws.emplace(vocab);
+  return *ws;
+}
+
+SamplingParams params_of(const int32_t* row) {
+  RowSampling rs;
+  std::memcpy(static_cast<void*>(&rs), row, sizeof(RowSampling));
+  SamplingParams p;
+  p.temperature = rs.temperature;
+  p.top_k = rs.top_k;
+  p.top_p = rs.top_p;
+  p.min_p = rs.min_p;
+  return p;
+}
+
+double uniform_of(const char* op, int64_t bits, int64_t at) {
+  if (bits < 0 || bits >= (int64_t{1} << 53)) {
+    fail("{}: uniforms[{}] = {} is outside [0, 2^53)", op, at, bits);
+  }
+  return static_cast<double>(bits) * kUniformScale;
+}
+
+}  // namespace
+
+void CpuBackend::process_logits_rows(const Tensor& logits, const Tensor& params,
+                                     const Tensor& probs) {
+  constexpr const char* kOp = "process_logits_rows";
+  cpu::check_host(kOp, "logits", logits);
+  cpu::check_host(kOp, "params", params);
+  cpu::check_host(kOp, "probs", probs);
+  const ops::SamplingRowsDims d = ops::check_process_logits_rows(kOp, logits, params, probs);
+  if (d.rows == 0) return;
+  SamplingWorkspace& ws = workspace_for(d.vocab);
+  const size_t v = static_cast<size_t>(d.vocab);
+  for (int64_t m = 0; m < d.rows; ++m) {
+    const SamplingParams p = params_of(params.data_as<const int32_t>() + m * 4);
+    std::span<const float> row(logits.data_as<const float>() + m * d.vocab, v);
+    try {
+      p.validate();
+      // process_logits reads the row into its workspace first, so probs may be logits.
+      const std::span<const float> out = process_logits(row, TokenHistory{}, p, ws);
+      std::memcpy(probs.data_as<float>() + m * d.vocab, out.data(), v * sizeof(float));
+    } catch (const Error& e) {
+      fail("{}: row {}: {}", kOp, m, e.what());
+    }
+  }
+}
+
+void CpuBackend::sample_rows(const Tensor& probs, const Tensor& uniforms, const Tensor& out) {
+  constexpr const char* kOp = "sample_rows";
+  cpu::check_host(kOp, "probs", probs);
+  cpu::check_host(kOp, "uniforms", uniforms);
+  cpu::check_host(kOp, "out", out);
+  const ops::SamplingRowsDims d = ops::check_sample_rows(kOp, probs, uniforms, out);
+  const int64_t* u = uniforms.data_as<const int64_t>();
+  for (int64_t m = 0; m < d.rows; ++m) {
+    std::span<const float> row(probs.data_as<const float>() + m * d.vocab,
+                               static_cast<size_t>(d.vocab));
+    const double um = uniform_of(kOp, u[m], m);
+    try {
+      out.data_as<int32_t>()[m] = sample_at(row, um);
+    } catch (const Error& e) {
+      fail("{}: row {}: {}", kOp, m, e.what());
+    }
+  }
+}
+
+void CpuBackend::speculative_accept_rows(const SpeculativeAcceptParams& p) {
+  constexpr const char* kOp = "speculative_accept_rows";
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"p", &p.p},
+                                {"q", &p.q},
+                                {"tokens", &p.tokens},
+                                {"q_rows", &p.q_rows},
+                                {"uniforms", &p.uniforms},
+                                {"row_begin", &p.row_begin},
+                                {"out", &p.out}}) {
+    cpu::check_host(kOp, name, *t);
+  }
+  const ops::SpeculativeAcceptDims d = ops::check_speculative_accept(kOp, p);
+  const int32_t* begin = p.row_begin.data_as<const int32_t>();
+  if (begin[0] != 0 || begin[d.rows] != d.window_rows) {
+    fail("{}: row_begin must run from 0 to the {} window rows, got {} .. {}", kOp, d.window_rows,
+         begin[0], begin[d.rows]);
+  }
+  const size_t v = static_cast<size_t>(d.vocab);
+  auto p_row = [&](int64_t i) {
+    return std::span<const float>(p.p.data_as<const float>() + i * d.vocab, v);
+  };
+  const int32_t* tokens = p.tokens.data_as<const int32_t>();
+  const int32_t* q_rows = p.q_rows.data_as<const int32_t>();
+  const int64_t* uniforms = p.uniforms.data_as<const int64_t>();
+  thread_local std::vector<float> residual;
+  residual.resize(v);
+  for (int64_t r = 0; r < d.rows; ++r) {
+    const int64_t b = begin[r], e = begin[r + 1];
+    if (e <= b) fail("{}: row {} has no window rows (row_begin {} .. {})", kOp, r, b, e);
+    const int64_t k = e - b - 1;
+    try {
+      int64_t n = 0;
+      std::span<const float> q;
+      for (; n < k; ++n) {
+        const int64_t qr = q_rows[b + 1 + n];
+        if (qr < 0 || qr >= d.q_rows) {
+          fail("q_rows[{}] = {} is outside [0, {})", b + 1 + n, qr, d.q_rows);
+        }
+        q = std::span<const float>(p.q.data_as<const float>() + qr * d.vocab, v);
+        if (!accept_draft(p_row(b + n), q, tokens[b + 1 + n],
+                          uniform_of(kOp, uniforms[b + n], b + n)))
+          break;
+      }
+      const double u_final = uniform_of(kOp, uniforms[e - 1], e - 1);
+      int32_t next;
+      if (n < k) {
+        residual_distribution(p_row(b + n), q, residual);
+        next = sample_at(residual, u_final);
+      } else {
+        next = sample_at(p_row(e - 1), u_final);
+      }
+      p.out.data_as<int32_t>()[2 * r] = static_cast<int32_t>(n);
+      p.out.data_as<int32_t>()[2 * r + 1] = next;
+    } catch (const Error& err) {
+      fail("{}: row {}: {}", kOp, r, err.what());
+    }
+  }
+}
+
+}  // namespace specula

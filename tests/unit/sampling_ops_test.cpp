@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: Apache-2.0
+// The device sampling ops on the CPU backend (process_logits_rows,
+// sample_rows, speculative_accept_rows): the rows, parameters, uniforms and
+// window offsets they are handed reach the host pipeline intact, and bad
+// input is an Error naming the row or the field.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "engine/backend/backends.h"
+#include "engine/core/buffer.h"
+#include "engine/core/error.h"
+#include "engine/sampling/sampler.h"
+#include "engine/sampling/speculative.h"
+
+namespace specula {
+namespace {
+
+Backend& cpu() {
+  return backend_for(Device::cpu());
+}
+
+HostTensor params_tensor(const std::vector<RowSampling>& rows) {
+  HostTensor t(DType::kI32, {static_cast<int64_t>(rows.size()), 4});
+  std::memcpy(t.view().data(), rows.data(), rows.size() * sizeof(RowSampling));
+  return t;
+}
+
+HostTensor i64_tensor(const std::vector<int64_t>& v) {
+  HostTensor t(DType::kI64, {static_cast<int64_t>(v.size())});
+  std::memcpy(t.view().data(), v.data(), v.size() * sizeof(int64_t));
+  return t;
+}
+
+HostTensor i32_tensor(const std::vector<int32_t>& v) {
+  HostTensor t(DType::kI32, {static_cast<int64_t>(v.size())});
+  std::memcpy(t.view().data(), v.data(), v.size() * sizeof(int32_t));
+  return t;
+}
+
+SamplingParams as_params(const RowSampling& rs) {
+  SamplingParams p;
+  p.temperature = rs.temperature;
+  p.top_k = rs.top_k;
+  p.top_p = rs.top_p;
+  p.min_p = rs.min_p;
+  return p;
+}
+
+std::span<const float> row_of(const HostTensor& t, int64_t r) {
+  const int64_t v = t.shape().dim(1);
+  return {t.data<float>() + r * v, static_cast<size_t>(v)};
+}
+
+constexpr int64_t kVocab = 300;
+
+TEST(SamplingOps, ProcessLogitsRowsIsTheHostPipelinePerRow) {
+  const std::vector<RowSampling> cases = {{.temperature = 0.0f},
+                                          {.temperature = 0.7f, .top_k = 20},
+                                          {.temperature = 1.0f, .top_p = 0.8f},
+                                          {.temperature = 1.2f, .top_k = 50, .min_p = 0.02f}};
+  HostTensor logits(DType::kF32, {static_cast<int64_t>(cases.size()), kVocab});
+  cpu().fill_uniform(logits, 1, -4.0f, 4.0f);
+  HostTensor params = params_tensor(cases);
+  HostTensor probs(DType::kF32, logits.shape());
+  cpu().process_logits_rows(logits, params, probs);
+  SamplingWorkspace ws(kVocab);
+  for (size_t r = 0; r < cases.size(); ++r) {
+    const auto want =
+        process_logits(row_of(logits, static_cast<int64_t>(r)), {}, as_params(cases[r]), ws);
+    const auto got = row_of(probs, static_cast<int64_t>(r));
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size_bytes()), 0) << "row " << r;
+  }
+  // In place gives the same.
+  cpu().process_logits_rows(logits, params, logits);
+  EXPECT_EQ(std::memcmp(logits.view().data(), probs.view().data(), probs.view().nbytes()), 0);
+}
+
+TEST(SamplingOps, BadRowsAndParamsNameTheRow) {
+  HostTensor logits(DType::kF32, {2, kVocab});
+  cpu().fill_uniform(logits, 2, -1.0f, 1.0f);
+  logits.data<float>()[kVocab + 7] = std::numeric_limits<float>::quiet_NaN();
+  HostTensor probs(DType::kF32, logits.shape());
+  HostTensor ok = params_tensor({{.temperature = 1.0f}, {.temperature = 1.0f}});
+  try {
+    cpu().process_logits_rows(logits, ok, probs);
+    FAIL() << "a NaN logit must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("row 1"), std::string::npos) << e.what();
+  }
+  logits.data<float>()[kVocab + 7] = 0.0f;
+  HostTensor bad = params_tensor({{.temperature = 1.0f}, {.temperature = 1.0f, .top_p = 1.5f}});
+  try {
+    cpu().process_logits_rows(logits, bad, probs);
+    FAIL() << "top_p 1.5 must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("top_p"), std::string::npos) << e.what();
+  }
+  HostTensor wrong_shape(DType::kI32, {3, 4});
+  EXPECT_THROW(cpu().process_logits_rows(logits, wrong_shape, probs), Error);
+  // A uniform outside [0, 2^53).
+  HostTensor u = i64_tensor({1, int64_t{1} << 53});
+  HostTensor out(DType::kI32, {2});
+  cpu().process_logits_rows(logits, ok, probs);
+  try {
+    cpu().sample_rows(probs, u, out);
+    FAIL() << "a uniform of 2^53 must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("uniforms[1]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(SamplingOps, SampleRowsUsesEachRowsUniform) {
+  HostTensor logits(DType::kF32, {3, kVocab});
+  cpu().fill_uniform(logits, 3, -2.0f, 2.0f);
+  HostTensor probs(DType::kF32, logits.shape());
+  cpu().process_logits_rows(logits, params_tensor(std::vector<RowSampling>(3, RowSampling{})),
+                            probs);
+  const std::vector<int64_t> bits = {0, int64_t{1} << 52, (int64_t{1} << 53) - 1};
+  HostTensor out(DType::kI32, {3});
+  cpu().sample_rows(probs, i64_tensor(bits), out);
+  for (int64_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(out.data<int32_t>()[r],
+              sample_at(row_of(probs, r),
+                        static_cast<double>(bits[static_cast<size_t>(r)]) * kUniformScale))
+        << r;
+  }
+}
+
+// Two rows: row 0 with 2 drafts (q rows 1 and 0: out of order on purpose),
+// row 1 with none. Whatever the uniforms, the op's verdict is the host rule's.
+TEST(SamplingOps, SpeculativeAcceptRowsFollowsTheHostRule) {
+  HostTensor p_logits(DType::kF32, {4, kVocab}), q_logits(DType::kF32, {2, kVocab});
+  cpu().fill_uniform(p_logits, 4, -2.0f, 2.0f);
+  cpu().fill_uniform(q_logits, 5, -2.0f, 2.0f);
+  HostTensor p(DType::kF32, p_logits.shape()), q(DType::kF32, q_logits.shape());
+  cpu().process_logits_rows(p_logits, params_tensor(std::vector<RowSampling>(4, RowSampling{})), p);
+  cpu().process_logits_rows(q_logits, params_tensor(std::vector<RowSampling>(2, RowSampling{})), q);
+  const std::vector<int32_t> tokens = {9, 17, 250, 4};
+  const std::vector<int32_t> q_rows = {0, 1, 0, 0};
+  const std::vector<int32_t> begin = {0, 3, 4};
+  std::vector<float> residual(kVocab);
+  for (int64_t trial = 0; trial < 50; ++trial) {
+    Rng rng(static_cast<uint64_t>(trial));
+    std::vector<int64_t> bits;
+    for (int j = 0; j < 4; ++j) bits.push_back(static_cast<int64_t>(rng.uniform_bits()));
+    // Small uniforms accept more often: spread them over [0, 1).
+    bits[0] >>= trial % 8;
+    bits[1] >>= trial % 5;
+    HostTensor out(DType::kI32, {2, 2});
+    cpu().speculative_accept_rows({.p = p,
+                                   .q = q,
+                                   .tokens = i32_tensor(tokens),
+                                   .q_rows = i32_tensor(q_rows),
+                                   .uniforms = i64_tensor(bits),
+                                   .row_begin = i32_tensor(begin),
+                                   .out = out});
+    auto u = [&](int i) {
+      return static_cast<double>(bits[static_cast<size_t>(i)]) * kUniformScale;
+    };
+    // Row 0 by hand.
+    int n = 0;
+    int32_t next = -1;
+    for (; n < 2; ++n) {
+      const auto qr = row_of(q, q_rows[static_cast<size_t>(n + 1)]);
+      if (!accept_draft(row_of(p, n), qr, tokens[static_cast<size_t>(n + 1)], u(n))) {
+        residual_distribution(row_of(p, n), qr, residual);
+        next = sample_at(residual, u(2));
+        break;
+      }
+    }
+    if (n == 2) next = sample_at(row_of(p, 2), u(2));
+    EXPECT_EQ(out.data<int32_t>()[0], n) << trial;
+    EXPECT_EQ(out.data<int32_t>()[1], next) << trial;
+    EXPECT_EQ(out.data<int32_t>()[2], 0) << trial;
+    EXPECT_EQ(out.data<int32_t>()[3], sample_at(row_of(p, 3), u(3))) << trial;
+  }
+  // Offsets that do not cover the window, and a q row out of range.
+  HostTensor out(DType::kI32, {2, 2});
+  SpeculativeAcceptParams bad{.p = p,
+                              .q = q,
+                              .tokens = i32_tensor(tokens),
+                              .q_rows = i32_tensor({0, 1, 5, 0}),
+                              .uniforms = i64_tensor({1, 2, 3, 4}),
+                              .row_begin = i32_tensor({0, 3, 4}),
+                              .out = out};
+  EXPECT_THROW(cpu().speculative_accept_rows(bad), Error);
+  bad.q_rows = i32_tensor(q_rows);
+  bad.row_begin = i32_tensor({0, 3, 3});
+  EXPECT_THROW(cpu().speculative_accept_rows(bad), Error);
+}
+
+}  // namespace
+}  // namespace specula
