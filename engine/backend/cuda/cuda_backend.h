@@ -101,6 +101,13 @@ class CudaBackend final : public Backend {
   void transpose01(const Tensor& x, const Tensor& out) override;
   void fill_uniform(const Tensor& t, uint64_t seed, float lo, float hi) override;
 
+  // ---- sampling on the device (cuda_sampling.cu): one block per row; invalid
+  // rows give NaN probabilities and token -1 (see Backend) ----
+  void process_logits_rows(const Tensor& logits, const Tensor& params,
+                           const Tensor& probs) override;
+  void sample_rows(const Tensor& probs, const Tensor& uniforms, const Tensor& out) override;
+  void speculative_accept_rows(const SpeculativeAcceptParams& p) override;
+
   // ---- mixture of experts (cuda_moe.cu) ----
   void moe_route(const MoeRouteParams& p) override;
   void moe_experts(const MoeExpertsParams& p) override;

@@ -1,0 +1,313 @@
+// SPDX-License-Identifier: Apache-2.0
+// The device sampling ops (cuda_sampling.cu) against the CPU backend, which
+// runs the host sampling pipeline itself: process_logits_rows keeps the same
+// tokens with the same probabilities (to an ulp) for every truncation, ties,
+// masked tokens, greedy rows and in place; sample_rows and
+// speculative_accept_rows choose the same tokens for the same uniforms; bad
+// rows come back as -1; repeated runs give the same bits.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "engine/sampling/rng.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace specula::test {
+namespace {
+
+// Probabilities: exp and the double sums may round an ulp apart.
+constexpr double kProbTol = 2e-6;
+
+Twin params_twin(const std::vector<RowSampling>& rows) {
+  Twin t(DType::kI32, {static_cast<int64_t>(rows.size()), 4});
+  std::memcpy(t.host.view().data(), rows.data(), rows.size() * sizeof(RowSampling));
+  t.push();
+  return t;
+}
+
+Twin uniforms_twin(const std::vector<int64_t>& bits) {
+  Twin t(DType::kI64, {static_cast<int64_t>(bits.size())});
+  std::memcpy(t.host.view().data(), bits.data(), bits.size() * sizeof(int64_t));
+  t.push();
+  return t;
+}
+
+// Logits of `rows` x `vocab` in [-6, 6) with some structure per row: row 1
+// has a run of tokens tied at the maximum, row 2 masked (-inf) tokens, row 3
+// many tokens tied just below the maximum (top-k and top-p cut through ties).
+Twin structured_logits(int64_t rows, int64_t vocab, uint64_t seed) {
+  Twin t(DType::kF32, {rows, vocab});
+  cpu_be().fill_uniform(t.host, seed, -6.0f, 6.0f);
+  float* l = t.host.data<float>();
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = l + r * vocab;
+    switch (r % 4) {
+      case 1:
+        for (int64_t j = 3; j < vocab; j += std::max<int64_t>(vocab / 7, 1)) row[j] = 9.0f;
+        break;
+      case 2:
+        for (int64_t j = 0; j < vocab; j += 3) row[j] = neg_inf;
+        break;
+      case 3:
+        row[vocab / 2] = 8.0f;
+        for (int64_t j = 1; j < vocab; j += 5) row[j] = 7.5f;
+        break;
+      default:
+        break;
+    }
+  }
+  t.push();
+  return t;
+}
+
+std::vector<RowSampling> sampling_cases() {
+  return {
+      {.temperature = 1.0f},
+      {.temperature = 0.7f, .top_k = 50},
+      {.temperature = 1.0f, .top_p = 0.9f},
+      {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f},
+      {.temperature = 0.0f},
+      {.temperature = 1.3f, .min_p = 0.1f},
+      {.temperature = 1.0f, .top_p = 0.5f},
+      {.temperature = 1.0f, .top_k = 1},
+      {.temperature = 2.0f, .top_k = 3, .top_p = 0.3f},
+      {.temperature = 0.5f, .top_p = 0.999f},
+  };
+}
+
+// Same surviving tokens; probabilities within kProbTol relative.
+void expect_same_distribution(const Tensor& got, const Tensor& want, int64_t vocab,
+                              const std::string& what) {
+  const float* g = got.data_as<const float>();
+  const float* w = want.data_as<const float>();
+  const int64_t rows = want.numel() / vocab;
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t support_mismatch = 0, value_mismatch = 0, first = -1;
+    for (int64_t j = 0; j < vocab; ++j) {
+      const float a = g[r * vocab + j], b = w[r * vocab + j];
+      if ((a > 0.0f) != (b > 0.0f)) {
+        ++support_mismatch;
+        if (first < 0) first = j;
+      } else if (std::fabs(double(a) - double(b)) > kProbTol * double(b) + 1e-30) {
+        ++value_mismatch;
+        if (first < 0) first = j;
+      }
+    }
+    EXPECT_EQ(support_mismatch, 0) << what << " row " << r << " first at " << first;
+    EXPECT_EQ(value_mismatch, 0) << what << " row " << r << " first at " << first << ": got "
+                                 << (first >= 0 ? g[r * vocab + first] : 0) << " want "
+                                 << (first >= 0 ? w[r * vocab + first] : 0);
+  }
+}
+
+TEST(CudaSampling, ProcessLogitsRowsMatchesTheHostPipeline) {
+  SKIP_WITHOUT_CUDA();
+  const std::vector<RowSampling> cases = sampling_cases();
+  for (int64_t vocab : {int64_t{37}, int64_t{1000}, int64_t{262144}}) {
+    // Every case on every kind of row: rows = 4 kinds x cases.
+    const auto rows = static_cast<int64_t>(4 * cases.size());
+    Twin logits = structured_logits(rows, vocab, 7 + static_cast<uint64_t>(vocab));
+    std::vector<RowSampling> per_row;
+    for (int64_t r = 0; r < rows; ++r) per_row.push_back(cases[static_cast<size_t>(r / 4)]);
+    Twin params = params_twin(per_row);
+    Twin probs(DType::kF32, {rows, vocab});
+    cpu_be().process_logits_rows(logits.host, params.host, probs.host);
+    gpu_be().process_logits_rows(logits.dev, params.dev, probs.dev);
+    const HostTensor got = probs.pull();
+    expect_same_distribution(got, probs.host, vocab, "V " + std::to_string(vocab));
+
+    // Deterministic, and the same in place.
+    gpu_be().process_logits_rows(logits.dev, params.dev, probs.dev);
+    const HostTensor again = probs.pull();
+    EXPECT_EQ(std::memcmp(again.view().data(), got.view().data(), got.view().nbytes()), 0)
+        << "V " << vocab << ": a second run differs";
+    gpu_be().process_logits_rows(logits.dev, params.dev, logits.dev);
+    const HostTensor in_place = logits.pull();
+    EXPECT_EQ(std::memcmp(in_place.view().data(), got.view().data(), got.view().nbytes()), 0)
+        << "V " << vocab << ": in place differs";
+  }
+}
+
+TEST(CudaSampling, InvalidRowsBecomeNaNAndTokenMinusOne) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t vocab = 4096;
+  Twin logits(DType::kF32, {3, vocab});
+  cpu_be().fill_uniform(logits.host, 3, -1.0f, 1.0f);
+  float* l = logits.host.data<float>();
+  l[17] = std::numeric_limits<float>::quiet_NaN();                                   // row 0: a NaN
+  l[vocab + 5] = std::numeric_limits<float>::infinity();                             // row 1: +inf
+  std::fill(l + 2 * vocab, l + 3 * vocab, -std::numeric_limits<float>::infinity());  // row 2
+  logits.push();
+  Twin params = params_twin(std::vector<RowSampling>(3, RowSampling{.temperature = 1.0f}));
+  Twin probs(DType::kF32, {3, vocab});
+  EXPECT_THROW(cpu_be().process_logits_rows(logits.host, params.host, probs.host), Error);
+  gpu_be().process_logits_rows(logits.dev, params.dev, probs.dev);
+  const HostTensor p = probs.pull();
+  for (int64_t r = 0; r < 3; ++r) EXPECT_TRUE(std::isnan(p.data<float>()[r * vocab])) << r;
+  Twin u = uniforms_twin({1, 2, 3});
+  Twin out(DType::kI32, {3});
+  gpu_be().sample_rows(probs.dev, u.dev, out.dev);
+  const HostTensor ids = out.pull();
+  for (int64_t r = 0; r < 3; ++r) EXPECT_EQ(ids.data<int32_t>()[r], -1) << r;
+
+  // No mass, and a uniform outside [0, 2^53).
+  Twin zeros(DType::kF32, {2, vocab});
+  std::fill(zeros.host.data<float>(), zeros.host.data<float>() + 2 * vocab, 0.0f);
+  zeros.host.data<float>()[vocab + 9] = 1.0f;
+  zeros.push();
+  Twin bad_u = uniforms_twin({5, int64_t{1} << 53});
+  Twin out2(DType::kI32, {2});
+  gpu_be().sample_rows(zeros.dev, bad_u.dev, out2.dev);
+  const HostTensor ids2 = out2.pull();
+  EXPECT_EQ(ids2.data<int32_t>()[0], -1);
+  EXPECT_EQ(ids2.data<int32_t>()[1], -1);
+  EXPECT_THROW(cpu_be().sample_rows(zeros.host, bad_u.host, out2.host), Error);
+}
+
+TEST(CudaSampling, SampleRowsChoosesTheHostToken) {
+  SKIP_WITHOUT_CUDA();
+  for (int64_t vocab : {int64_t{37}, int64_t{262144}}) {
+    // Distributions from the host pipeline, each row sampled with many uniforms.
+    const std::vector<RowSampling> cases = sampling_cases();
+    const auto kinds = static_cast<int64_t>(cases.size());
+    Twin logits = structured_logits(kinds, vocab, 21);
+    Twin params = params_twin(cases);
+    Twin dist(DType::kF32, {kinds, vocab});
+    cpu_be().process_logits_rows(logits.host, params.host, dist.host);
+    const int64_t per_kind = 40;
+    const int64_t rows = kinds * per_kind;
+    Twin probs(DType::kF32, {rows, vocab});
+    std::vector<int64_t> bits;
+    Rng rng(99);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(probs.host.data<float>() + r * vocab,
+                  dist.host.data<float>() + (r / per_kind) * vocab,
+                  static_cast<size_t>(vocab) * sizeof(float));
+      const int64_t i = r % per_kind;
+      // The ends of [0, 1) too.
+      bits.push_back(i == 0   ? 0
+                     : i == 1 ? (int64_t{1} << 53) - 1
+                              : static_cast<int64_t>(rng.uniform_bits()));
+    }
+    probs.push();
+    Twin u = uniforms_twin(bits);
+    Twin out(DType::kI32, {rows});
+    cpu_be().sample_rows(probs.host, u.host, out.host);
+    gpu_be().sample_rows(probs.dev, u.dev, out.dev);
+    expect_equal_i32(out.pull(), out.host, ("sample_rows V " + std::to_string(vocab)).c_str());
+  }
+}
+
+TEST(CudaSampling, SpeculativeAcceptRowsMatchesTheHostRule) {
+  SKIP_WITHOUT_CUDA();
+  for (int64_t vocab : {int64_t{53}, int64_t{262144}}) {
+    // Rows with 0..5 drafts; q from logits near p's, so drafts are both
+    // accepted and rejected; drafts are samples of q, or of p, or tokens q
+    // rules out.
+    const std::vector<int> ks = {0, 1, 3, 5, 2, 4, 5, 1, 0, 3};
+    const int64_t R = static_cast<int64_t>(ks.size());
+    int64_t M = 0, Q = 0;
+    for (int k : ks) M += k + 1, Q += k;
+    Twin p_logits(DType::kF32, {M, vocab});
+    Twin q_logits(DType::kF32, {Q, vocab});
+    cpu_be().fill_uniform(p_logits.host, 5, -3.0f, 3.0f);
+    cpu_be().fill_uniform(q_logits.host, 6, -0.4f, 0.4f);
+    std::vector<RowSampling> p_params, q_params;
+    const std::vector<RowSampling> cases = sampling_cases();
+    std::vector<int32_t> tokens(static_cast<size_t>(M)), q_rows(static_cast<size_t>(M), 0),
+        begin(static_cast<size_t>(R + 1), 0);
+    std::vector<int64_t> bits(static_cast<size_t>(M));
+    Rng rng(11);
+    int64_t m = 0, qi = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      const RowSampling rs = cases[static_cast<size_t>(r) % cases.size()];
+      begin[static_cast<size_t>(r)] = static_cast<int32_t>(m);
+      for (int j = 0; j <= ks[static_cast<size_t>(r)]; ++j, ++m) {
+        p_params.push_back(rs);
+        bits[static_cast<size_t>(m)] = static_cast<int64_t>(rng.uniform_bits());
+        if (j == 0) {
+          tokens[static_cast<size_t>(m)] = 1;
+          continue;
+        }
+        // q = p's logits of the position before, nudged (row r % 3 == 2: q == p exactly).
+        float* ql = q_logits.host.data<float>() + qi * vocab;
+        const float* pl = p_logits.host.data<float>() + (m - 1) * vocab;
+        for (int64_t v = 0; v < vocab; ++v) ql[v] = r % 3 == 2 ? pl[v] : pl[v] + ql[v];
+        q_params.push_back(rs);
+        q_rows[static_cast<size_t>(m)] = static_cast<int32_t>(qi++);
+      }
+    }
+    begin[static_cast<size_t>(R)] = static_cast<int32_t>(m);
+    p_logits.push();
+    q_logits.push();
+    Twin pp = params_twin(p_params), qp = params_twin(q_params);
+    Twin p(DType::kF32, {M, vocab}), q(DType::kF32, {Q, vocab});
+    cpu_be().process_logits_rows(p_logits.host, pp.host, p.host);
+    cpu_be().process_logits_rows(q_logits.host, qp.host, q.host);
+    // Drafts: sampled from q mostly; every 4th from p's argmax; every 7th a token q rules out.
+    for (int64_t r = 0; r < R; ++r) {
+      for (int j = 1; j <= ks[static_cast<size_t>(r)]; ++j) {
+        const int64_t w = begin[static_cast<size_t>(r)] + j;
+        const float* qrow = q.host.data<float>() + q_rows[static_cast<size_t>(w)] * vocab;
+        int32_t d = 0;
+        if (w % 7 == 0) {
+          while (d + 1 < vocab && qrow[d] > 0.0f)
+            ++d;  // a token of probability 0 under q (or the last)
+        } else if (w % 4 == 0) {
+          const float* prow = p.host.data<float>() + (w - 1) * vocab;
+          d = static_cast<int32_t>(std::max_element(prow, prow + vocab) - prow);
+        } else {
+          double u = rng.uniform(), run = 0;
+          for (d = 0; d + 1 < vocab; ++d) {
+            run += qrow[d];
+            if (run > u) break;
+          }
+        }
+        tokens[static_cast<size_t>(w)] = d;
+      }
+    }
+    p.push();
+    q.push();
+    Twin tok(DType::kI32, {M}), qr(DType::kI32, {M}), rb(DType::kI32, {R + 1});
+    std::memcpy(tok.host.view().data(), tokens.data(), tokens.size() * 4);
+    std::memcpy(qr.host.view().data(), q_rows.data(), q_rows.size() * 4);
+    std::memcpy(rb.host.view().data(), begin.data(), begin.size() * 4);
+    tok.push();
+    qr.push();
+    rb.push();
+    Twin u = uniforms_twin(bits);
+    Twin out(DType::kI32, {R, 2});
+    cpu_be().speculative_accept_rows({.p = p.host,
+                                      .q = q.host,
+                                      .tokens = tok.host,
+                                      .q_rows = qr.host,
+                                      .uniforms = u.host,
+                                      .row_begin = rb.host,
+                                      .out = out.host});
+    gpu_be().speculative_accept_rows({.p = p.dev,
+                                      .q = q.dev,
+                                      .tokens = tok.dev,
+                                      .q_rows = qr.dev,
+                                      .uniforms = u.dev,
+                                      .row_begin = rb.dev,
+                                      .out = out.dev});
+    const HostTensor got = out.pull();
+    expect_equal_i32(got, out.host, ("speculative_accept_rows V " + std::to_string(vocab)).c_str());
+    // The test must see both outcomes.
+    int64_t accepted = 0, rejected = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      const int32_t n = out.host.data<int32_t>()[2 * r];
+      accepted += n;
+      rejected += n < ks[static_cast<size_t>(r)];
+    }
+    EXPECT_GT(accepted, 0) << vocab;
+    EXPECT_GT(rejected, 0) << vocab;
+  }
+}
+
+}  // namespace
+}  // namespace specula::test
