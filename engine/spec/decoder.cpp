@@ -33,6 +33,10 @@ struct Row {
   int k_round = 0;              // draft length of the current round
   std::vector<int32_t> drafts;  // [k_round]
   std::vector<float> q;         // [k_round, V] processed proposals (sampling rows)
+  // Host sampling: the round's uniforms, drawn at its start in the order device
+  // rounds draw them (one per draft, then one per window row), so that both
+  // paths turn one seed into the same tokens.
+  std::vector<double> round_u;
   bool done = false;
   DecodeResult result;
 };
@@ -70,26 +74,39 @@ void validate(const gemma4::Gemma4Model& target, Drafter* drafter,
   }
 }
 
-// The device side of greedy rounds whose tokens never leave the device between
-// steps (a drafter that takes device inputs; greedy rows without penalties):
-// each draft step's argmax lands in `ids`, the next step's tokens and the
-// verify window's tokens are gathered from there, and ONE download per round
-// brings back every draft and the target's choices. Sized for B rows and
-// drafts of up to max_k tokens; allocated once per decode() call.
+// The device side of rounds whose tokens never leave the device between
+// steps: greedy rows without penalties with a drafter that takes device
+// inputs, or (device sampling) rows without penalties of any temperature,
+// with or without such a drafter. Each draft step's token lands in `ids` (its
+// argmax, or a sample of its processed distribution q, kept in `q`), the next
+// step's tokens and the verify window's tokens are gathered from there, and
+// ONE download per round brings back every draft and the target's choices
+// (greedy: its argmaxes; sampling: each row's accepted count and next token
+// from speculative_accept_rows). Sized for B rows and drafts of up to max_k
+// tokens; allocated once per decode() call.
 struct DeviceRounds {
-  int64_t B = 0, max_k = 0;
-  // i32 [pending: B | draft step s: B each, max_k of them | verify ids: B·(max_k+1)]
+  int64_t B = 0, max_k = 0, V = 0;
+  bool sampling = false;
+  // i32 [pending: B | draft step s: B each, max_k of them | verify ids: B·(max_k+1) |
+  //      accepted (sampling): B × {n, next}]
   DeviceBuffer ids;
-  // i32 [hidden rows: B | verify gather: B·(max_k+1) | step s token gather: B each]
+  // i32 [hidden rows: B | verify gather: B·(max_k+1) | step s token gather: B each |
+  //      q rows of the window (sampling): B·(max_k+1) | window row offsets: B + 1]
   DeviceBuffer idx;
   // i32 [verify tokens: B·(max_k+1) | step s tokens: B each]
   DeviceBuffer gathered;
-  DeviceBuffer hidden;            // f32 [B, H]: step 0's target hiddens
+  DeviceBuffer hidden;  // f32 [B, H]: step 0's target hiddens
+  // Sampling only: uniforms i64 and RowSampling rows for [draft step s: B each | window:
+  // B·(max_k+1)], and the drafts' distributions q f32 [max_k·B, V] (step s at row s·B).
+  DeviceBuffer uniforms, params, q;
   std::vector<int32_t> host_idx;  // staging of `idx`, one upload per round
   std::vector<int32_t> host_pending;
-  std::vector<int32_t> host_ids;  // the round's readback: drafts, then verify ids
+  std::vector<int32_t> host_ids;  // the round's readback: drafts, verify ids, accepted
+  std::vector<int64_t> host_uniforms;
+  std::vector<RowSampling> host_params;
 
-  DeviceRounds(Backend& be, int64_t rows, int64_t k, int64_t H) : B(rows), max_k(k) {
+  DeviceRounds(Backend& be, int64_t rows, int64_t k, int64_t H, int64_t vocab, bool sample)
+      : B(rows), max_k(k), V(vocab), sampling(sample) {
     ids = DeviceBuffer(be, static_cast<size_t>(ids_size()) * sizeof(int32_t));
     idx = DeviceBuffer(be, static_cast<size_t>(idx_size()) * sizeof(int32_t));
     gathered = DeviceBuffer(be, static_cast<size_t>(verify_cap() + max_k * B) * sizeof(int32_t));
@@ -97,12 +114,24 @@ struct DeviceRounds {
     host_idx.resize(static_cast<size_t>(idx_size()));
     host_pending.resize(static_cast<size_t>(B));
     host_ids.resize(static_cast<size_t>(ids_size() - B));
+    if (sampling) {
+      uniforms = DeviceBuffer(be, static_cast<size_t>(sample_rows()) * sizeof(int64_t));
+      params = DeviceBuffer(be, static_cast<size_t>(sample_rows()) * sizeof(RowSampling));
+      if (max_k > 0) q = DeviceBuffer(be, static_cast<size_t>(max_k * B * V) * sizeof(float));
+      host_uniforms.resize(static_cast<size_t>(sample_rows()));
+      host_params.resize(static_cast<size_t>(sample_rows()));
+    }
   }
   int64_t verify_cap() const { return B * (max_k + 1); }
-  int64_t ids_size() const { return B + max_k * B + verify_cap(); }
-  int64_t idx_size() const { return B + verify_cap() + max_k * B; }
-  int64_t draft_at(int64_t s) const { return B + s * B; }  // in ids
-  int64_t verify_at() const { return B + max_k * B; }      // in ids
+  int64_t ids_size() const { return B + max_k * B + verify_cap() + (sampling ? 2 * B : 0); }
+  int64_t idx_size() const { return B + verify_cap() + max_k * B + verify_cap() + B + 1; }
+  int64_t sample_rows() const { return max_k * B + verify_cap(); }
+  int64_t draft_at(int64_t s) const { return B + s * B; }              // in ids
+  int64_t verify_at() const { return B + max_k * B; }                  // in ids
+  int64_t accepted_at() const { return verify_at() + verify_cap(); }   // in ids
+  int64_t q_rows_at() const { return B + verify_cap() + max_k * B; }   // in idx
+  int64_t row_begin_at() const { return q_rows_at() + verify_cap(); }  // in idx
+  int64_t window_at() const { return max_k * B; }                      // in uniforms / params
   static Tensor slice(const DeviceBuffer& buf, int64_t total, int64_t at, int64_t n) {
     return buf.view(DType::kI32, {total}).slice_rows(at, at + n);
   }
@@ -111,7 +140,30 @@ struct DeviceRounds {
   Tensor gathered_slice(int64_t at, int64_t n) const {
     return slice(gathered, verify_cap() + max_k * B, at, n);
   }
+  Tensor uniforms_slice(int64_t at, int64_t n) const {
+    return uniforms.view(DType::kI64, {sample_rows()}).slice_rows(at, at + n);
+  }
+  Tensor params_slice(int64_t at, int64_t n) const {
+    return params.view(DType::kI32, {sample_rows(), 4}).slice_rows(at, at + n);
+  }
+  // Draft distributions, all steps ([max_k·B, V]; 0 rows without drafts).
+  Tensor q_all() const {
+    return max_k > 0 ? q.view(DType::kF32, {max_k * B, V}) : ids.view(DType::kF32, {0, V});
+  }
+  Tensor accepted(int64_t rows) const {
+    return ids_slice(accepted_at(), 2 * rows).reshape(Shape{rows, 2});
+  }
+  // Uploads the round's uniforms and row parameters (sampling).
+  void upload_sampling(Backend& be) const {
+    be.upload_async(host_uniforms.data(), uniforms_slice(0, sample_rows()));
+    be.upload_async(host_params.data(), params_slice(0, sample_rows()));
+  }
 };
+
+RowSampling row_sampling_of(const SamplingParams& p) {
+  return RowSampling{
+      .temperature = p.temperature, .top_k = p.top_k, .top_p = p.top_p, .min_p = p.min_p};
+}
 
 }  // namespace
 
@@ -150,8 +202,7 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     r.hidden.resize(static_cast<size_t>(H));
     r.k = drafter ? schedule.draft_tokens : 0;
     r.drafts.reserve(static_cast<size_t>(max_k));
-    if (drafter && !req.params.greedy())
-      r.q.resize(static_cast<size_t>(max_k) * static_cast<size_t>(V));
+    r.round_u.reserve(static_cast<size_t>(2 * max_k + 1));
     r.result.finish_reason = "length";
     r.result.stats.prompt_tokens = static_cast<int64_t>(req.prompt.size());
     r.result.stats.round_drafted.reserve(static_cast<size_t>(req.params.max_tokens));
@@ -176,11 +227,52 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       [](const DecodeRequest& r) { return r.params.greedy() && !r.params.has_penalties(); });
   // SPECULA_HOST_ROUNDS=1 keeps the host rounds (drafts read back every step),
   // for A/B measurements; the outputs are the same either way.
-  const char* host_rounds = std::getenv("SPECULA_HOST_ROUNDS");
+  // SPECULA_HOST_SAMPLING=1 samples on the host (logits read back every step).
+  auto env_on = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && std::string(v) == "1";
+  };
+  const bool host_rounds = env_on("SPECULA_HOST_ROUNDS");
+  const bool device_drafter =
+      drafter == nullptr || (drafter->takes_device_inputs() && !host_rounds);
+  // Rows without penalties, some sampled: the whole pipeline (p, q, sampling,
+  // acceptance) runs on the backend, and a round reads back its token ids once.
+  const bool device_sampling =
+      !device_greedy && device_drafter && !env_on("SPECULA_HOST_SAMPLING") &&
+      std::none_of(requests.begin(), requests.end(),
+                   [](const DecodeRequest& r) { return r.params.has_penalties(); });
   std::optional<DeviceRounds> dev;
-  if (device_greedy && drafter && drafter->takes_device_inputs() &&
-      !(host_rounds != nullptr && std::string(host_rounds) == "1"))
-    dev.emplace(be, static_cast<int64_t>(rows.size()), max_k, H);
+  if ((device_greedy && drafter && device_drafter) || device_sampling)
+    dev.emplace(be, static_cast<int64_t>(rows.size()), max_k, H, V, device_sampling);
+  // Host sampling keeps each sampled row's draft distributions q.
+  for (Row& r : rows) {
+    if (drafter && !device_sampling && !r.request->params.greedy())
+      r.q.resize(static_cast<size_t>(max_k) * static_cast<size_t>(V));
+  }
+  // Device sampling: process the window rows' logits in place into p (params
+  // from the window section), then accept per row; `rows` rows of windows
+  // given by idx's row offsets; results in `accepted`. `tokens`: i32 [window].
+  auto device_accept = [&](const Tensor& logits, const Tensor& tokens, int64_t n_rows) {
+    DeviceRounds& d = *dev;
+    const int64_t window = logits.dim(0);
+    be.process_logits_rows(logits, d.params_slice(d.window_at(), window), logits);
+    be.speculative_accept_rows({.p = logits,
+                                .q = d.q_all(),
+                                .tokens = tokens,
+                                .q_rows = d.idx_slice(d.q_rows_at(), window),
+                                .uniforms = d.uniforms_slice(d.window_at(), window),
+                                .row_begin = d.idx_slice(d.row_begin_at(), n_rows + 1),
+                                .out = d.accepted(n_rows)});
+  };
+  // A token the device could not sample (its distribution held a NaN or no mass).
+  auto check_sampled = [&](size_t i, int32_t token) {
+    if (token < 0 || token >= V) {
+      fail(
+          "request {}: sampling on {} failed: the distribution has a NaN, an infinity or no mass "
+          "(non-finite logits?)",
+          i, be.name());
+    }
+  };
   DeviceBuffer argmax_buffer;
   std::vector<int32_t> argmax_host;
   auto device_argmax = [&](const Tensor& logits) -> const int32_t* {
@@ -243,8 +335,31 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     // Prefill may take the backend's fast path: plain and speculative runs of
     // the same requests prefill identically, so outputs still agree.
     const gemma4::ForwardOutput& out = target.forward(fwd, {.prefill = true});
-    const int32_t* prefill_ids = device_greedy ? device_argmax(out.logits) : nullptr;
-    const float* prefill_logits = device_greedy ? nullptr : on_host(out.logits, &logits_host);
+    const int32_t* prefill_ids = nullptr;
+    if (device_greedy) {
+      prefill_ids = device_argmax(out.logits);
+    } else if (device_sampling) {
+      // One window row per prompt (its last), k = 0: plain sampling from p.
+      DeviceRounds& d = *dev;
+      const int64_t n = static_cast<int64_t>(rows.size());
+      int32_t* row_begin = d.host_idx.data() + d.row_begin_at();
+      for (int64_t i = 0; i <= n; ++i) row_begin[i] = static_cast<int32_t>(i);
+      for (int64_t i = 0; i < n; ++i) {
+        Row& r = rows[static_cast<size_t>(i)];
+        d.host_uniforms[static_cast<size_t>(d.window_at() + i)] =
+            static_cast<int64_t>(r.rng.uniform_bits());
+        d.host_params[static_cast<size_t>(d.window_at() + i)] = row_sampling_of(r.request->params);
+      }
+      be.upload_async(d.host_idx.data(), d.idx_slice(0, d.idx_size()));
+      d.upload_sampling(be);
+      device_accept(out.logits, d.ids_slice(0, n), n);
+      be.download(d.accepted(n), d.host_ids.data());
+      for (int64_t i = 0; i < n; ++i)
+        d.host_pending[static_cast<size_t>(i)] = d.host_ids[static_cast<size_t>(2 * i + 1)];
+      prefill_ids = d.host_pending.data();
+    }
+    const float* prefill_logits =
+        device_greedy || device_sampling ? nullptr : on_host(out.logits, &logits_host);
     const float* prefill_hidden = drafter && !dev ? on_host(out.hidden, &hidden_host) : nullptr;
     const double prefill_s = seconds_since(t_prefill);
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -252,6 +367,9 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       r.result.stats.prefill_seconds = prefill_s;
       r.result.stats.target_forwards = 1;
       if (device_greedy) {
+        r.pending = prefill_ids[i];
+      } else if (device_sampling) {
+        check_sampled(i, prefill_ids[i]);
         r.pending = prefill_ids[i];
       } else {
         std::span<const float> logits(prefill_logits + i * V, static_cast<size_t>(V));
@@ -297,6 +415,15 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       r.drafts.clear();
     }
 
+    if (!dev) {
+      for (size_t i : active) {
+        Row& r = rows[i];
+        if (r.request->params.greedy()) continue;
+        r.round_u.clear();
+        for (int j = 0; j < 2 * r.k_round + 1; ++j) r.round_u.push_back(r.rng.uniform());
+      }
+    }
+
     // Device rounds: plan where every step's tokens come from (uploaded once).
     int round_k = 0;  // the longest draft of this round
     for (size_t i : active) round_k = std::max(round_k, rows[i].k_round);
@@ -322,18 +449,45 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
         }
         step_rows[static_cast<size_t>(s)] = n;
       }
+      int32_t* q_rows = d.host_idx.data() + d.q_rows_at();        // [B·(max_k+1)]
+      int32_t* row_begin = d.host_idx.data() + d.row_begin_at();  // [B + 1]
       int64_t m = 0;
       for (size_t a = 0; a < active.size(); ++a) {
-        const Row& r = rows[active[a]];
+        Row& r = rows[active[a]];
         d.host_pending[a] = r.pending;
+        row_begin[a] = static_cast<int32_t>(m);
+        q_rows[m] = 0;  // the pending token is no draft
         verify_idx[m++] = static_cast<int32_t>(a);
         for (int j = 0; j < r.k_round; ++j) {
-          verify_idx[m++] = static_cast<int32_t>(
+          verify_idx[m] = static_cast<int32_t>(
               d.draft_at(j) + row_slots[a * static_cast<size_t>(max_k) + static_cast<size_t>(j)]);
+          q_rows[m] = static_cast<int32_t>(verify_idx[m] - d.B);  // step j's q row
+          ++m;
+        }
+        if (d.sampling) {
+          // The round's uniforms, drawn from the row's stream in a fixed order:
+          // one per draft, then one per window row (accept tests, and the last
+          // for the replacement or bonus token).
+          const RowSampling rs = row_sampling_of(r.request->params);
+          for (int j = 0; j < r.k_round; ++j) {
+            const size_t at =
+                static_cast<size_t>(j * d.B) +
+                static_cast<size_t>(
+                    row_slots[a * static_cast<size_t>(max_k) + static_cast<size_t>(j)]);
+            d.host_uniforms[at] = static_cast<int64_t>(r.rng.uniform_bits());
+            d.host_params[at] = rs;
+          }
+          for (int64_t w = row_begin[a]; w < m; ++w) {
+            const auto at = static_cast<size_t>(d.window_at() + w);
+            d.host_uniforms[at] = static_cast<int64_t>(r.rng.uniform_bits());
+            d.host_params[at] = rs;
+          }
         }
       }
+      row_begin[active.size()] = static_cast<int32_t>(m);
       be.upload_async(d.host_pending.data(), d.ids_slice(0, static_cast<int64_t>(active.size())));
       be.upload_async(d.host_idx.data(), d.idx_slice(0, d.idx_size()));
+      if (d.sampling) d.upload_sampling(be);
     }
 
     // Draft: step s runs the rows whose draft length exceeds s.
@@ -369,7 +523,14 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
         be.gather_rows(last_hidden, d.idx_slice(0, n), in.hidden);
       }
       const Tensor step_logits = drafter->step_on_device(s, draft_rows, in);
-      be.argmax_rows(step_logits, d.ids_slice(d.draft_at(s), n));
+      if (d.sampling) {
+        // q of this step, kept for the acceptance; the draft is a sample of it.
+        const Tensor q = d.q_all().slice_rows(s * d.B, s * d.B + n);
+        be.process_logits_rows(step_logits, d.params_slice(s * d.B, n), q);
+        be.sample_rows(q, d.uniforms_slice(s * d.B, n), d.ids_slice(d.draft_at(s), n));
+      } else {
+        be.argmax_rows(step_logits, d.ids_slice(d.draft_at(s), n));
+      }
     }
     for (int s = 0; drafter && !dev; ++s) {
       draft_rows.clear();
@@ -406,7 +567,7 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
         } else {
           std::span<const float> q = process_logits(row_logits, hist, r.request->params, ws_draft);
           std::copy(q.begin(), q.end(), r.q.begin() + static_cast<std::ptrdiff_t>(s) * V);
-          d = sample(q, r.rng);
+          d = sample_at(q, r.round_u[static_cast<size_t>(s)]);
         }
         r.history.resize(r.history.size() - r.drafts.size());
         r.drafts.push_back(d);
@@ -446,12 +607,25 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     }
     const gemma4::ForwardOutput& out = target.forward(fwd, verify_options);
     const int32_t* verify_ids = nullptr;
+    const int32_t* sampled = nullptr;  // device sampling: {accepted, next} per active row
     if (dev) {
-      // The round's one readback: every draft and the target's ids.
+      // The round's one readback: every draft and the target's ids (greedy), or
+      // every draft and each row's accepted count and next token (sampling).
       DeviceRounds& d = *dev;
       const int64_t n_out = out.row_out_begin.back();
-      be.argmax_rows(out.logits, d.ids_slice(d.verify_at(), n_out));
-      be.download(d.ids_slice(d.B, d.verify_at() - d.B + n_out), d.host_ids.data());
+      if (d.sampling) {
+        for (size_t a = 0; a <= active.size(); ++a) {
+          SPECULA_CHECK(
+              out.row_out_begin[a] == d.host_idx[static_cast<size_t>(d.row_begin_at()) + a],
+              "verify rows of request {} are not where the round planned them", a);
+        }
+        device_accept(out.logits, verify_options.token_ids, static_cast<int64_t>(active.size()));
+        be.download(d.ids_slice(d.B, d.ids_size() - d.B), d.host_ids.data());
+        sampled = d.host_ids.data() + (d.accepted_at() - d.B);
+      } else {
+        be.argmax_rows(out.logits, d.ids_slice(d.verify_at(), n_out));
+        be.download(d.ids_slice(d.B, d.verify_at() - d.B + n_out), d.host_ids.data());
+      }
       verify_ids = d.host_ids.data() + (d.verify_at() - d.B);
       for (size_t a = 0; a < active.size(); ++a) {
         Row& r = rows[active[a]];
@@ -464,7 +638,8 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     } else if (device_greedy) {
       verify_ids = device_argmax(out.logits);
     }
-    const float* verify_logits = device_greedy ? nullptr : on_host(out.logits, &logits_host);
+    const float* verify_logits =
+        device_greedy || device_sampling ? nullptr : on_host(out.logits, &logits_host);
     const float* verify_hidden = drafter && !dev ? on_host(out.hidden, &hidden_host) : nullptr;
 
     for (size_t a = 0; a < active.size(); ++a) {
@@ -483,7 +658,14 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       int n = 0;
       int32_t next = 0;
       const SamplingParams& params = r.request->params;
-      for (; n < k; ++n) {
+      if (sampled != nullptr) {
+        // Judged on the device (speculative_accept_rows).
+        n = sampled[2 * a];
+        next = sampled[2 * a + 1];
+        check_sampled(i, next);
+        SPECULA_CHECK(n >= 0 && n <= k, "request {}: {} drafts accepted of {}", i, n, k);
+      }
+      for (; sampled == nullptr && n < k; ++n) {
         const TokenHistory hist = history_of(r);
         if (device_greedy) {
           next = verify_ids[out0 + n];
@@ -494,19 +676,27 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
         } else {
           std::span<const float> p = process_logits(target_logits(n), hist, params, ws);
           std::span<const float> q(r.q.data() + static_cast<size_t>(n) * V, static_cast<size_t>(V));
-          if (!accept_draft(p, q, r.drafts[static_cast<size_t>(n)], r.rng.uniform())) {
+          if (!accept_draft(p, q, r.drafts[static_cast<size_t>(n)],
+                            r.round_u[static_cast<size_t>(k + n)])) {
             residual_distribution(p, q, residual);
-            next = sample(residual, r.rng);
+            next = sample_at(residual, r.round_u[static_cast<size_t>(2 * k)]);
             break;
           }
         }
         r.history.push_back(r.drafts[static_cast<size_t>(n)]);
       }
-      if (n == k) {
-        next = device_greedy ? verify_ids[out0 + k]
-                             : sample_token(target_logits(k), history_of(r), params, ws, r.rng);
+      if (sampled == nullptr && n == k) {
+        if (device_greedy) {
+          next = verify_ids[out0 + k];
+        } else if (params.greedy()) {
+          next = greedy_token(target_logits(k), history_of(r), params, ws);
+        } else {
+          next = sample_at(process_logits(target_logits(k), history_of(r), params, ws),
+                           r.round_u[static_cast<size_t>(2 * k)]);
+        }
       }
-      r.history.resize(r.history.size() - static_cast<size_t>(n));  // emit() re-appends
+      if (sampled == nullptr)
+        r.history.resize(r.history.size() - static_cast<size_t>(n));  // emit() re-appends
 
       if (st.drafted_at.size() < static_cast<size_t>(k)) {
         st.drafted_at.resize(static_cast<size_t>(k));

@@ -17,6 +17,19 @@
 // window without coming back, and the round ends in ONE readback of all drafts
 // and the target's ids (uploads are queued without waiting). Set
 // SPECULA_HOST_ROUNDS=1 to read the drafts back every step instead (for A/B runs).
+//
+// Sampled rows without penalties (with no drafter, or one that takes device
+// inputs) sample on the backend too: the drafts' q and the target's p come out
+// of Backend::process_logits_rows, drafts of sample_rows, and each row's
+// accepted count and next token of speculative_accept_rows, so a round again
+// reads back once (token ids, never [rows, V] logits). Greedy rows of such a
+// batch run the same ops at temperature 0 and keep their greedy tokens. The
+// uniforms are drawn on the host at the start of a round, in a fixed order per
+// row (one per draft, then one per window row: the accept tests and, last, the
+// replacement or bonus token), and the host path draws the same ones in the
+// same order, so one seed gives the same tokens either way (up to an ulp of
+// the device's p and q). Rows with penalties sample on the host; set
+// SPECULA_HOST_SAMPLING=1 to sample every row there (for A/B runs).
 #pragma once
 
 #include <cstdint>

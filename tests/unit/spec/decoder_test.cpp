@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <map>
 
 #include "engine/draft/assistant/assistant_drafter.h"
@@ -246,9 +247,26 @@ std::vector<double> exact_second_token(gemma4::Gemma4Model& target,
   return marginal;
 }
 
+// Sets an environment variable for one scope (the decoder reads
+// SPECULA_HOST_SAMPLING / SPECULA_HOST_ROUNDS when a decode starts).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, bool on) : name_(name) {
+    if (on) setenv(name, "1", 1);
+  }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
 struct SamplingCase {
   float temperature;
   float top_p;
+  bool host_sampling = false;  // logits read back, sampled on the host
+  bool drafter = true;         // speculative rounds (else plain decoding)
 };
 
 class SpeculativeSampling : public ::testing::TestWithParam<SamplingCase> {};
@@ -269,6 +287,10 @@ TEST_P(SpeculativeSampling, SecondTokenFollowsTheTargetDistribution) {
   params.max_tokens = 3;
   const std::vector<double> expected = exact_second_token(*target, prompt, params);
 
+  const ScopedEnv host_sampling("SPECULA_HOST_SAMPLING", GetParam().host_sampling);
+  Drafter* draft = GetParam().drafter ? &source : nullptr;
+  const int64_t readbacks_before = target->backend().readback_count();
+  int64_t loop_rounds = 0;
   const int draws = 4000, batch = 100;
   std::vector<int64_t> counts(expected.size(), 0);
   int64_t drafted = 0, accepted = 0;
@@ -279,7 +301,11 @@ TEST_P(SpeculativeSampling, SecondTokenFollowsTheTargetDistribution) {
       r.params.seed = static_cast<uint64_t>(1000 + start + i);
       reqs.push_back(r);
     }
-    for (const auto& res : spec::decode(*target, &source, reqs, {.draft_tokens = 2})) {
+    const auto results = spec::decode(*target, draft, reqs, {.draft_tokens = 2});
+    int64_t rounds = 0;
+    for (const auto& res : results) rounds = std::max(rounds, res.stats.rounds);
+    loop_rounds += rounds;
+    for (const auto& res : results) {
       ASSERT_EQ(res.tokens.size(), 3u);
       ++counts[static_cast<size_t>(res.tokens[1])];
       drafted += res.stats.drafted;
@@ -308,17 +334,129 @@ TEST_P(SpeculativeSampling, SecondTokenFollowsTheTargetDistribution) {
   const double z = 3.09;
   const double k = std::max(dof, 1);
   const double limit = k * std::pow(1 - 2 / (9 * k) + z * std::sqrt(2 / (9 * k)), 3);
-  std::printf("[ sampling ] T=%.1f top_p=%.2f chi2=%.1f dof=%d limit=%.1f acceptance=%.3f\n",
-              params.temperature, params.top_p, chi2, dof, limit,
+  std::printf("[ sampling ] T=%.1f top_p=%.2f %s %s chi2=%.1f dof=%d limit=%.1f acceptance=%.3f\n",
+              params.temperature, params.top_p, GetParam().host_sampling ? "host" : "device",
+              GetParam().drafter ? "speculative" : "plain", chi2, dof, limit,
               drafted ? static_cast<double>(accepted) / drafted : 0.0);
-  EXPECT_GT(accepted, 0) << "the test must exercise accepted drafts";
-  EXPECT_LT(accepted, drafted) << "the test must exercise rejections";
+  if (GetParam().drafter) {
+    EXPECT_GT(accepted, 0) << "the test must exercise accepted drafts";
+    EXPECT_LT(accepted, drafted) << "the test must exercise rejections";
+  }
   EXPECT_LT(chi2, limit);
+  if (!GetParam().host_sampling) {
+    // Sampling on the backend: one readback for the prefill's tokens and one
+    // per loop round, whatever the draft length (the host path reads logits
+    // back every draft step and every verify).
+    EXPECT_EQ(target->backend().readback_count() - readbacks_before, draws / batch + loop_rounds);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Temperatures, SpeculativeSampling,
                          ::testing::Values(SamplingCase{0.7f, 1.0f}, SamplingCase{1.0f, 1.0f},
-                                           SamplingCase{1.0f, 0.9f}));
+                                           SamplingCase{1.0f, 0.9f},
+                                           SamplingCase{1.0f, 0.9f, false, /*drafter=*/false},
+                                           SamplingCase{0.7f, 1.0f, true, /*drafter=*/false}));
+
+// Sampled requests of mixed settings (temperature, top-k, top-p, min-p, a
+// greedy row), batched.
+std::vector<DecodeRequest> sampled_requests(int n, int vocab, int max_tokens) {
+  auto reqs = greedy_requests(n, vocab, max_tokens);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    SamplingParams& p = reqs[i].params;
+    p.seed = 7 + 13 * i;
+    switch (i % 5) {
+      case 0:
+        p.temperature = 0.8f;
+        p.top_p = 0.9f;
+        break;
+      case 1:
+        p.temperature = 1.0f;
+        break;
+      case 2:
+        p.temperature = 0.6f;
+        p.top_k = 20;
+        p.min_p = 0.02f;
+        break;
+      case 3:
+        p.temperature = 0.0f;
+        break;
+      default:
+        p.temperature = 1.3f;
+        p.top_k = 5;
+        p.top_p = 0.7f;
+        break;
+    }
+  }
+  return reqs;
+}
+
+// Sampling on the backend (p, q, the draws and the acceptance as backend ops)
+// and on the host (logits read back) draw the same uniforms in the same order,
+// so on the CPU backend, where both run the same arithmetic, one seed gives the
+// same tokens either way: at every draft length, batch size and setting.
+TEST(DeviceSampling, SameTokensAsHostSampling) {
+  if (!testing::golden_exists("e2b_like") || !testing::golden_exists("e2b_like_assistant"))
+    GTEST_SKIP();
+  auto target = gemma4::Gemma4Model::load(golden_dir("e2b_like"));
+  auto drafter = assistant::AssistantDrafter::load(golden_dir("e2b_like_assistant"),
+                                                   target->config(), target->backend());
+  assistant::AssistantDraftSource source(*target, *drafter);
+  const int vocab = target->config().vocab_size;
+  for (int batch : {1, 3, 8}) {
+    const auto reqs = sampled_requests(batch, vocab, 20);
+    for (int k = 0; k <= 8; ++k) {
+      Drafter* d = k == 0 ? nullptr : &source;
+      const DraftSchedule schedule{.draft_tokens = std::max(k, 1)};
+      std::vector<spec::DecodeResult> host;
+      {
+        const ScopedEnv env("SPECULA_HOST_SAMPLING", true);
+        host = spec::decode(*target, d, reqs, schedule);
+      }
+      const auto device = spec::decode(*target, d, reqs, schedule);
+      for (int b = 0; b < batch; ++b) {
+        ASSERT_EQ(device[static_cast<size_t>(b)].tokens, host[static_cast<size_t>(b)].tokens)
+            << "batch " << batch << " k " << k << " row " << b;
+        EXPECT_EQ(device[static_cast<size_t>(b)].stats.accepted,
+                  host[static_cast<size_t>(b)].stats.accepted);
+      }
+    }
+  }
+}
+
+// Greedy rows sampled on the backend beside rows at temperature > 0 (device
+// sampling runs them as temperature 0: a one-hot p and q) emit exactly the
+// tokens of an all-greedy decode, with and without speculation; and a seeded
+// sampled run repeats itself.
+TEST(DeviceSampling, GreedyRowsInASampledBatchKeepTheirTokens) {
+  if (!testing::golden_exists("e2b_like") || !testing::golden_exists("e2b_like_assistant"))
+    GTEST_SKIP();
+  auto target = gemma4::Gemma4Model::load(golden_dir("e2b_like"));
+  auto drafter = assistant::AssistantDrafter::load(golden_dir("e2b_like_assistant"),
+                                                   target->config(), target->backend());
+  assistant::AssistantDraftSource source(*target, *drafter);
+  const int vocab = target->config().vocab_size;
+  auto reqs = greedy_requests(5, vocab, 16);
+  const auto greedy = spec::decode(*target, nullptr, reqs, {});
+  for (size_t i = 1; i < reqs.size(); i += 2) {
+    reqs[i].params.temperature = 0.9f;
+    reqs[i].params.top_p = 0.95f;
+    reqs[i].params.seed = 40 + i;
+  }
+  for (Drafter* d : {static_cast<Drafter*>(nullptr), static_cast<Drafter*>(&source)}) {
+    for (int k : {1, 3, 6}) {
+      const auto mixed = spec::decode(*target, d, reqs, {.draft_tokens = k});
+      const auto again = spec::decode(*target, d, reqs, {.draft_tokens = k});
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        if (reqs[i].params.greedy()) {
+          EXPECT_EQ(mixed[i].tokens, greedy[i].tokens) << "row " << i << " k " << k;
+        }
+        EXPECT_EQ(mixed[i].tokens, again[i].tokens) << "seeded row " << i << " k " << k;
+        EXPECT_EQ(mixed[i].tokens.size(), 16u);
+      }
+      if (d == nullptr) break;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace specula

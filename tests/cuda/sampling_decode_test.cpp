@@ -1,0 +1,226 @@
+// SPDX-License-Identifier: Apache-2.0
+// Sampled decoding on CUDA with the whole pipeline on the device (p, q, the
+// draws and the acceptance as backend ops): the same tokens as sampling the
+// same logits on the host, at every draft length and batch size; the second
+// token distributed as the target's (chi-square against the CPU model's exact
+// marginal); one readback per round.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+
+#include "engine/draft/assistant/assistant_drafter.h"
+#include "engine/model/gemma4/gemma4.h"
+#include "engine/sampling/sampler.h"
+#include "engine/spec/decoder.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace specula {
+namespace {
+
+std::string golden(const std::string& name) {
+  return std::string(SPECULA_SOURCE_DIR) + "/tests/golden/" + name;
+}
+bool have(const std::string& name) {
+  return std::filesystem::exists(golden(name) + "/expected.safetensors");
+}
+
+gemma4::LoadOptions on_cuda() {
+  gemma4::LoadOptions o;
+  o.device = Device::cuda(0);
+  return o;
+}
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, bool on) : name_(name) {
+    if (on) setenv(name, "1", 1);
+  }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+// Requests of mixed settings, one of them greedy.
+std::vector<spec::DecodeRequest> sampled_requests(int n, int vocab, int max_tokens) {
+  std::vector<spec::DecodeRequest> reqs;
+  for (int i = 0; i < n; ++i) {
+    spec::DecodeRequest r;
+    const int len = 2 + (i * 7) % 19;
+    for (int j = 0; j < len; ++j) r.prompt.push_back(3 + (i * 31 + j * 17) % (vocab - 3));
+    SamplingParams& p = r.params;
+    p.max_tokens = max_tokens;
+    p.seed = 7 + 13 * static_cast<uint64_t>(i);
+    switch (i % 5) {
+      case 0:
+        p.temperature = 0.8f;
+        p.top_p = 0.9f;
+        break;
+      case 1:
+        p.temperature = 1.0f;
+        break;
+      case 2:
+        p.temperature = 0.6f;
+        p.top_k = 20;
+        p.min_p = 0.02f;
+        break;
+      case 3:
+        p.temperature = 0.0f;
+        break;
+      default:
+        p.temperature = 1.3f;
+        p.top_k = 5;
+        p.top_p = 0.7f;
+        break;
+    }
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+struct Pair {
+  const char* target;
+  const char* drafter;
+};
+class CudaDeviceSampling : public ::testing::TestWithParam<Pair> {};
+
+// The host path reads the same device logits back and samples them with the
+// same uniforms; the device's p and q may differ from the host's by an ulp, so
+// a token could differ only where a uniform falls within ~1e-7 of a boundary
+// of the CDF (none does in these seeded runs).
+TEST_P(CudaDeviceSampling, SameTokensAsHostSampling) {
+  SKIP_WITHOUT_CUDA();
+  const Pair c = GetParam();
+  if (!have(c.target) || !have(c.drafter)) GTEST_SKIP() << "fixtures missing";
+  auto target = gemma4::Gemma4Model::load(golden(c.target), on_cuda());
+  auto drafter =
+      assistant::AssistantDrafter::load(golden(c.drafter), target->config(), target->backend());
+  assistant::AssistantDraftSource source(*target, *drafter);
+  const int vocab = target->config().vocab_size;
+  int64_t drafted = 0, accepted = 0;
+  for (int batch : {1, 3, 8}) {
+    const auto reqs = sampled_requests(batch, vocab, 20);
+    for (int k = 0; k <= 8; ++k) {
+      Drafter* d = k == 0 ? nullptr : &source;
+      const spec::DraftSchedule schedule{.draft_tokens = std::max(k, 1)};
+      std::vector<spec::DecodeResult> host;
+      {
+        const ScopedEnv env("SPECULA_HOST_SAMPLING", true);
+        host = spec::decode(*target, d, reqs, schedule);
+      }
+      const int64_t before = target->backend().readback_count();
+      const auto device = spec::decode(*target, d, reqs, schedule);
+      int64_t rounds = 0;
+      for (const auto& r : device) rounds = std::max(rounds, r.stats.rounds);
+      EXPECT_EQ(target->backend().readback_count() - before, 1 + rounds)
+          << "one readback per round (and one for the prefill); batch " << batch << " k " << k;
+      for (int b = 0; b < batch; ++b) {
+        ASSERT_EQ(device[static_cast<size_t>(b)].tokens, host[static_cast<size_t>(b)].tokens)
+            << "batch " << batch << " k " << k << " row " << b;
+        drafted += device[static_cast<size_t>(b)].stats.drafted;
+        accepted += device[static_cast<size_t>(b)].stats.accepted;
+      }
+    }
+  }
+  std::printf("[ cuda sampling ] %s: %lld of %lld drafts accepted\n", c.drafter,
+              static_cast<long long>(accepted), static_cast<long long>(drafted));
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaDeviceSampling,
+                         ::testing::Values(Pair{"e2b_like", "e2b_like_assistant"},
+                                           Pair{"dense_kev", "dense_kev_assistant"}));
+
+// P(t2) = Σ_t1 p(t1 | prompt) p(t2 | prompt, t1) on the CPU model.
+std::vector<double> exact_second_token(gemma4::Gemma4Model& target,
+                                       const std::vector<int32_t>& prompt,
+                                       const SamplingParams& params) {
+  const int64_t V = target.config().vocab_size;
+  SamplingWorkspace ws(V);
+  auto probs_after = [&](const std::vector<int32_t>& ctx) {
+    SequenceKv kv = target.new_sequence();
+    gemma4::ForwardRow row{.kv = &kv, .tokens = ctx};
+    const auto& out = target.forward(std::span(&row, 1));
+    auto p =
+        process_logits(out.logits.f32(), {.tokens = ctx, .num_prompt = prompt.size()}, params, ws);
+    return std::vector<double>(p.begin(), p.end());
+  };
+  const std::vector<double> p1 = probs_after(prompt);
+  std::vector<double> marginal(static_cast<size_t>(V), 0.0);
+  for (int32_t t1 = 0; t1 < V; ++t1) {
+    if (p1[static_cast<size_t>(t1)] == 0) continue;
+    std::vector<int32_t> ctx = prompt;
+    ctx.push_back(t1);
+    const std::vector<double> p2 = probs_after(ctx);
+    for (int64_t v = 0; v < V; ++v)
+      marginal[static_cast<size_t>(v)] += p1[static_cast<size_t>(t1)] * p2[static_cast<size_t>(v)];
+  }
+  return marginal;
+}
+
+TEST(CudaDeviceSamplingDistribution, SecondTokenFollowsTheTargetDistribution) {
+  SKIP_WITHOUT_CUDA();
+  if (!have("e2b_like") || !have("e2b_like_assistant")) GTEST_SKIP();
+  auto gpu = gemma4::Gemma4Model::load(golden("e2b_like"), on_cuda());
+  auto cpu = gemma4::Gemma4Model::load(golden("e2b_like"));
+  auto drafter = assistant::AssistantDrafter::load(golden("e2b_like_assistant"), gpu->config(),
+                                                   gpu->backend());
+  assistant::AssistantDraftSource source(*gpu, *drafter);
+  const std::vector<int32_t> prompt = {5, 17, 33, 2, 90, 41, 7};
+  for (float top_p : {1.0f, 0.9f}) {
+    SamplingParams params;
+    params.temperature = 1.0f;
+    params.top_p = top_p;
+    params.max_tokens = 3;  // the second token comes from a round of one draft
+    const std::vector<double> expected = exact_second_token(*cpu, prompt, params);
+    const int draws = 4000, batch = 200;
+    std::vector<int64_t> counts(expected.size(), 0);
+    int64_t drafted = 0, accepted = 0;
+    for (int start = 0; start < draws; start += batch) {
+      std::vector<spec::DecodeRequest> reqs;
+      for (int i = 0; i < batch; ++i) {
+        spec::DecodeRequest r{.prompt = prompt, .params = params};
+        r.params.seed = static_cast<uint64_t>(5000 + start + i);
+        reqs.push_back(r);
+      }
+      for (const auto& res : spec::decode(*gpu, &source, reqs, {.draft_tokens = 2})) {
+        ASSERT_EQ(res.tokens.size(), 3u);
+        ++counts[static_cast<size_t>(res.tokens[1])];
+        drafted += res.stats.drafted;
+        accepted += res.stats.accepted;
+      }
+    }
+    double chi2 = 0, pooled_e = 0, pooled_o = 0;
+    int dof = -1;
+    for (size_t v = 0; v < expected.size(); ++v) {
+      const double e = expected[v] * draws;
+      if (e >= 5) {
+        chi2 += (counts[v] - e) * (counts[v] - e) / e;
+        ++dof;
+      } else {
+        pooled_e += e;
+        pooled_o += static_cast<double>(counts[v]);
+      }
+    }
+    if (pooled_e >= 5) {
+      chi2 += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
+      ++dof;
+    }
+    const double z = 3.09;  // 99.9% (Wilson-Hilferty); fixed seeds: deterministic
+    const double k = std::max(dof, 1);
+    const double limit = k * std::pow(1 - 2 / (9 * k) + z * std::sqrt(2 / (9 * k)), 3);
+    std::printf("[ cuda sampling ] top_p=%.2f chi2=%.1f dof=%d limit=%.1f acceptance=%.3f\n", top_p,
+                chi2, dof, limit, drafted ? static_cast<double>(accepted) / drafted : 0.0);
+    EXPECT_GT(accepted, 0);
+    EXPECT_LT(accepted, drafted);
+    EXPECT_LT(chi2, limit);
+  }
+}
+
+}  // namespace
+}  // namespace specula
