@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "engine/backend/backends.h"
@@ -43,7 +44,7 @@ struct Buffers {
   Tensor make(DType dtype, Shape shape, uint64_t seed) {
     owned.emplace_back(be, static_cast<size_t>(shape.numel()) * dtype_size(dtype) + 256);
     Tensor t = owned.back().view(dtype, shape);
-    if (dtype != DType::kI32) be.fill_uniform(t, seed, -0.05f, 0.05f);
+    if (dtype != DType::kI32 && dtype != DType::kI64) be.fill_uniform(t, seed, -0.05f, 0.05f);
     return t;
   }
 };
@@ -111,6 +112,40 @@ int main(int argc, char** argv) {
       fmt::print("{:<10} {:>5} {:>10.1f}\n", "softcap", m, ts * 1e6);
       buf.owned.pop_back();
       buf.owned.pop_back();
+    }
+    // Sampling on the device: process_logits_rows under several settings, on
+    // near-uniform rows (logits within ±0.05: random weights) and spread ones
+    // (±20), then sample_rows of the result.
+    const std::pair<const char*, RowSampling> settings[] = {
+        {"greedy", {.temperature = 0.0f}},
+        {"T", {.temperature = 0.8f}},
+        {"T+top_k", {.temperature = 0.8f, .top_k = 50}},
+        {"T+top_p", {.temperature = 0.8f, .top_p = 0.95f}},
+        {"T+k+p+min", {.temperature = 0.8f, .top_k = 50, .top_p = 0.95f, .min_p = 0.05f}}};
+    for (int m : rows) {
+      Tensor logits = buf.make(DType::kF32, {m, c.vocab_size}, 10);
+      Tensor probs = buf.make(DType::kF32, {m, c.vocab_size}, 11);
+      Tensor params = buf.make(DType::kI32, {m, 4}, 0);
+      Tensor uniforms = buf.make(DType::kI64, {m}, 12);
+      Tensor ids = buf.make(DType::kI32, {m}, 0);
+      std::vector<int64_t> u(static_cast<size_t>(m), int64_t{1} << 52);
+      be.upload(u.data(), uniforms);
+      for (float spread : {0.05f, 20.0f}) {
+        be.fill_uniform(logits, 10, -spread, spread);
+        for (const auto& [name, rs] : settings) {
+          const std::vector<RowSampling> per_row(static_cast<size_t>(m), rs);
+          be.upload(per_row.data(), params);
+          const double t = time_per_call(
+              be, [&] { be.process_logits_rows(logits, params, probs); }, reps);
+          fmt::print("{:<10} {:>5} {:>10.1f}  process_logits_rows {} (logits ±{})\n", "sampling", m,
+                     t * 1e6, name, spread);
+        }
+        const double ts = time_per_call(
+            be, [&] { be.sample_rows(probs, uniforms, ids); }, reps);
+        fmt::print("{:<10} {:>5} {:>10.1f}  sample_rows (logits ±{})\n", "sampling", m, ts * 1e6,
+                   spread);
+      }
+      for (int i = 0; i < 5; ++i) buf.owned.pop_back();
     }
     // Attention of `m` queries over `context` keys (sliding layer geometry).
     for (int m : rows) {

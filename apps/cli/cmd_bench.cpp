@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -53,6 +54,12 @@ struct BenchArgs {
   int64_t copy_mib = 2048;
   int peak_size = 8192;
   bool no_graphs = false;  // run every step directly (no CUDA graphs)
+  // Sampling of the end-to-end rows (temperature 0: greedy); request i is seeded with i.
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  float min_p = 0.0f;
+  bool host_sampling = false;  // SPECULA_HOST_SAMPLING=1: logits read back, sampled on the host
   // Dump a preset's config.json and exit.
   std::string print_preset_config, print_assistant_config;
 };
@@ -245,7 +252,11 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
     std::vector<spec::DecodeRequest> reqs;
     for (auto& p : make_prompts(a, m, batch)) {
       spec::DecodeRequest r{.prompt = p, .params = {}};
-      r.params.temperature = 0;
+      r.params.temperature = a.temperature;
+      r.params.top_p = a.top_p;
+      r.params.top_k = a.top_k;
+      r.params.min_p = a.min_p;
+      r.params.seed = reqs.size();
       r.params.max_tokens = a.gen_tokens;
       reqs.push_back(std::move(r));
     }
@@ -627,6 +638,15 @@ void run_bench(BenchArgs a) {
     if (k < 1) fail("--draft-tokens values must be >= 1, got {}", k);
   if (a.prompt_tokens < 1) fail("--prompt-tokens must be >= 1, got {}", a.prompt_tokens);
   if (a.gen_tokens < 1) fail("--gen-tokens must be >= 1, got {}", a.gen_tokens);
+  {
+    // Sampling flags, checked before any model loads (the error names the field).
+    SamplingParams sampling;
+    sampling.temperature = a.temperature;
+    sampling.top_p = a.top_p;
+    sampling.top_k = a.top_k;
+    sampling.min_p = a.min_p;
+    sampling.validate();
+  }
   if (a.micro) {
     if (!a.batches_given) a.batches = {1, 8, 32, 64};
     if (a.context < 1) fail("--context must be >= 1, got {}", a.context);
@@ -677,6 +697,14 @@ void run_bench(BenchArgs a) {
     fmt::print("{}\n", nlohmann::json{{"model", m.model_dir},
                                       {"draft", m.draft_dir},
                                       {"device", device.str()},
+                                      {"sampling",
+                                       {{"temperature", a.temperature},
+                                        {"top_p", a.top_p},
+                                        {"top_k", a.top_k},
+                                        {"min_p", a.min_p},
+                                        {"on", a.temperature == 0 ? "greedy"
+                                               : a.host_sampling  ? "host"
+                                                                  : "device"}}},
                                       {"results", rows}}
                            .dump());
   }
@@ -722,6 +750,18 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--no-graphs", args->no_graphs,
                 "--micro: run decode steps and verify windows directly instead of replaying "
                 "recorded CUDA graphs (same results; for comparing launch overhead)");
+  cmd->add_option("--temperature", args->temperature,
+                  "Sampling temperature of the end-to-end rows (0: greedy)")
+      ->capture_default_str();
+  cmd->add_option("--top-p", args->top_p, "Nucleus mass of the end-to-end rows")
+      ->capture_default_str();
+  cmd->add_option("--top-k", args->top_k, "Top-k of the end-to-end rows (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--min-p", args->min_p, "Min-p of the end-to-end rows (0: off)")
+      ->capture_default_str();
+  cmd->add_flag("--host-sampling", args->host_sampling,
+                "Sample on the host (logits read back every step) instead of on the device, "
+                "for A/B runs; the same tokens either way");
   cmd->add_option("--context", args->context, "--micro: tokens per row before a decode step")
       ->capture_default_str();
   cmd->add_option("--prefill-tokens", args->prefill_tokens, "--micro: tokens of the timed prefill")
@@ -751,6 +791,8 @@ void register_bench(CLI::App& app) {
   cmd->callback([args, batch] {
     BenchArgs a = *args;
     a.batches_given = batch->count() > 0;
+    // The decoder reads it when a decode starts (engine/spec/decoder.h).
+    if (a.host_sampling) setenv("SPECULA_HOST_SAMPLING", "1", 1);
     run_bench(std::move(a));
   });
 }
