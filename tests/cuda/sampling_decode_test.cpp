@@ -15,6 +15,7 @@
 #include "engine/sampling/sampler.h"
 #include "engine/spec/decoder.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/unit/spec/sampling_test_util.h"
 
 namespace specula {
 namespace {
@@ -30,56 +31,6 @@ gemma4::LoadOptions on_cuda() {
   gemma4::LoadOptions o;
   o.device = Device::cuda(0);
   return o;
-}
-
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, bool on) : name_(name) {
-    if (on) setenv(name, "1", 1);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
-
-// Requests of mixed settings, one of them greedy.
-std::vector<spec::DecodeRequest> sampled_requests(int n, int vocab, int max_tokens) {
-  std::vector<spec::DecodeRequest> reqs;
-  for (int i = 0; i < n; ++i) {
-    spec::DecodeRequest r;
-    const int len = 2 + (i * 7) % 19;
-    for (int j = 0; j < len; ++j) r.prompt.push_back(3 + (i * 31 + j * 17) % (vocab - 3));
-    SamplingParams& p = r.params;
-    p.max_tokens = max_tokens;
-    p.seed = 7 + 13 * static_cast<uint64_t>(i);
-    switch (i % 5) {
-      case 0:
-        p.temperature = 0.8f;
-        p.top_p = 0.9f;
-        break;
-      case 1:
-        p.temperature = 1.0f;
-        break;
-      case 2:
-        p.temperature = 0.6f;
-        p.top_k = 20;
-        p.min_p = 0.02f;
-        break;
-      case 3:
-        p.temperature = 0.0f;
-        break;
-      default:
-        p.temperature = 1.3f;
-        p.top_k = 5;
-        p.top_p = 0.7f;
-        break;
-    }
-    reqs.push_back(r);
-  }
-  return reqs;
 }
 
 struct Pair {
@@ -103,13 +54,13 @@ TEST_P(CudaDeviceSampling, SameTokensAsHostSampling) {
   const int vocab = target->config().vocab_size;
   int64_t drafted = 0, accepted = 0;
   for (int batch : {1, 3, 8}) {
-    const auto reqs = sampled_requests(batch, vocab, 20);
+    const auto reqs = testing::sampled_requests(batch, vocab, 20);
     for (int k = 0; k <= 8; ++k) {
       Drafter* d = k == 0 ? nullptr : &source;
       const spec::DraftSchedule schedule{.draft_tokens = std::max(k, 1)};
       std::vector<spec::DecodeResult> host;
       {
-        const ScopedEnv env("SPECULA_HOST_SAMPLING", true);
+        const testing::ScopedEnv env("SPECULA_HOST_SAMPLING", true);
         host = spec::decode(*target, d, reqs, schedule);
       }
       const int64_t before = target->backend().readback_count();
@@ -195,25 +146,7 @@ TEST(CudaDeviceSamplingDistribution, SecondTokenFollowsTheTargetDistribution) {
         accepted += res.stats.accepted;
       }
     }
-    double chi2 = 0, pooled_e = 0, pooled_o = 0;
-    int dof = -1;
-    for (size_t v = 0; v < expected.size(); ++v) {
-      const double e = expected[v] * draws;
-      if (e >= 5) {
-        chi2 += (counts[v] - e) * (counts[v] - e) / e;
-        ++dof;
-      } else {
-        pooled_e += e;
-        pooled_o += static_cast<double>(counts[v]);
-      }
-    }
-    if (pooled_e >= 5) {
-      chi2 += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
-      ++dof;
-    }
-    const double z = 3.09;  // 99.9% (Wilson-Hilferty); fixed seeds: deterministic
-    const double k = std::max(dof, 1);
-    const double limit = k * std::pow(1 - 2 / (9 * k) + z * std::sqrt(2 / (9 * k)), 3);
+    const auto [chi2, limit, dof] = testing::chi_square(expected, counts, draws);  // fixed seeds
     std::printf("[ cuda sampling ] top_p=%.2f chi2=%.1f dof=%d limit=%.1f acceptance=%.3f\n", top_p,
                 chi2, dof, limit, drafted ? static_cast<double>(accepted) / drafted : 0.0);
     EXPECT_GT(accepted, 0);

@@ -11,6 +11,7 @@
 #include "engine/sampling/sampler.h"
 #include "engine/spec/decoder.h"
 #include "tests/unit/model/golden_util.h"
+#include "tests/unit/spec/sampling_test_util.h"
 
 namespace specula {
 namespace {
@@ -247,21 +248,6 @@ std::vector<double> exact_second_token(gemma4::Gemma4Model& target,
   return marginal;
 }
 
-// Sets an environment variable for one scope (the decoder reads
-// SPECULA_HOST_SAMPLING / SPECULA_HOST_ROUNDS when a decode starts).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, bool on) : name_(name) {
-    if (on) setenv(name, "1", 1);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
-
 struct SamplingCase {
   float temperature;
   float top_p;
@@ -287,7 +273,7 @@ TEST_P(SpeculativeSampling, SecondTokenFollowsTheTargetDistribution) {
   params.max_tokens = 3;
   const std::vector<double> expected = exact_second_token(*target, prompt, params);
 
-  const ScopedEnv host_sampling("SPECULA_HOST_SAMPLING", GetParam().host_sampling);
+  const testing::ScopedEnv host_sampling("SPECULA_HOST_SAMPLING", GetParam().host_sampling);
   Drafter* draft = GetParam().drafter ? &source : nullptr;
   const int64_t readbacks_before = target->backend().readback_count();
   int64_t loop_rounds = 0;
@@ -312,28 +298,8 @@ TEST_P(SpeculativeSampling, SecondTokenFollowsTheTargetDistribution) {
       accepted += res.stats.accepted;
     }
   }
-  // Pearson chi-square over the bins with expected count >= 5 (rest pooled).
-  double chi2 = 0, pooled_e = 0, pooled_o = 0;
-  int dof = -1;
-  for (size_t v = 0; v < expected.size(); ++v) {
-    const double e = expected[v] * draws;
-    if (e >= 5) {
-      chi2 += (counts[v] - e) * (counts[v] - e) / e;
-      ++dof;
-    } else {
-      pooled_e += e;
-      pooled_o += static_cast<double>(counts[v]);
-    }
-  }
-  if (pooled_e >= 5) {
-    chi2 += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
-    ++dof;
-  }
-  // 99.9% quantile of chi-square via Wilson-Hilferty; the seeds are fixed, so this is
-  // deterministic.
-  const double z = 3.09;
-  const double k = std::max(dof, 1);
-  const double limit = k * std::pow(1 - 2 / (9 * k) + z * std::sqrt(2 / (9 * k)), 3);
+  // The seeds are fixed, so this is deterministic.
+  const auto [chi2, limit, dof] = testing::chi_square(expected, counts, draws);
   std::printf("[ sampling ] T=%.1f top_p=%.2f %s %s chi2=%.1f dof=%d limit=%.1f acceptance=%.3f\n",
               params.temperature, params.top_p, GetParam().host_sampling ? "host" : "device",
               GetParam().drafter ? "speculative" : "plain", chi2, dof, limit,
@@ -357,39 +323,6 @@ INSTANTIATE_TEST_SUITE_P(Temperatures, SpeculativeSampling,
                                            SamplingCase{1.0f, 0.9f, false, /*drafter=*/false},
                                            SamplingCase{0.7f, 1.0f, true, /*drafter=*/false}));
 
-// Sampled requests of mixed settings (temperature, top-k, top-p, min-p, a
-// greedy row), batched.
-std::vector<DecodeRequest> sampled_requests(int n, int vocab, int max_tokens) {
-  auto reqs = greedy_requests(n, vocab, max_tokens);
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    SamplingParams& p = reqs[i].params;
-    p.seed = 7 + 13 * i;
-    switch (i % 5) {
-      case 0:
-        p.temperature = 0.8f;
-        p.top_p = 0.9f;
-        break;
-      case 1:
-        p.temperature = 1.0f;
-        break;
-      case 2:
-        p.temperature = 0.6f;
-        p.top_k = 20;
-        p.min_p = 0.02f;
-        break;
-      case 3:
-        p.temperature = 0.0f;
-        break;
-      default:
-        p.temperature = 1.3f;
-        p.top_k = 5;
-        p.top_p = 0.7f;
-        break;
-    }
-  }
-  return reqs;
-}
-
 // Sampling on the backend (p, q, the draws and the acceptance as backend ops)
 // and on the host (logits read back) draw the same uniforms in the same order,
 // so on the CPU backend, where both run the same arithmetic, one seed gives the
@@ -403,13 +336,13 @@ TEST(DeviceSampling, SameTokensAsHostSampling) {
   assistant::AssistantDraftSource source(*target, *drafter);
   const int vocab = target->config().vocab_size;
   for (int batch : {1, 3, 8}) {
-    const auto reqs = sampled_requests(batch, vocab, 20);
+    const auto reqs = testing::sampled_requests(batch, vocab, 20);
     for (int k = 0; k <= 8; ++k) {
       Drafter* d = k == 0 ? nullptr : &source;
       const DraftSchedule schedule{.draft_tokens = std::max(k, 1)};
       std::vector<spec::DecodeResult> host;
       {
-        const ScopedEnv env("SPECULA_HOST_SAMPLING", true);
+        const testing::ScopedEnv env("SPECULA_HOST_SAMPLING", true);
         host = spec::decode(*target, d, reqs, schedule);
       }
       const auto device = spec::decode(*target, d, reqs, schedule);

@@ -1,0 +1,101 @@
+// SPDX-License-Identifier: Apache-2.0
+// Helpers of the sampled-decoding tests on either backend
+// (tests/unit/spec/decoder_test.cpp, tests/cuda/sampling_decode_test.cpp):
+// an environment variable set for one scope, requests of mixed sampling
+// settings, and Pearson's chi-square against an exact distribution.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#include "engine/spec/decoder.h"
+
+namespace specula::testing {
+
+// Sets an environment variable to "1" for one scope (the decoder reads
+// SPECULA_HOST_SAMPLING / SPECULA_HOST_ROUNDS when a decode starts).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, bool on) : name_(name) {
+    if (on) setenv(name, "1", 1);
+  }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+// n requests with prompts of several lengths and mixed settings (temperature,
+// top-k, top-p, min-p; every fifth greedy), each with its own seed.
+inline std::vector<spec::DecodeRequest> sampled_requests(int n, int vocab, int max_tokens) {
+  std::vector<spec::DecodeRequest> reqs;
+  for (int i = 0; i < n; ++i) {
+    spec::DecodeRequest r;
+    const int len = 2 + (i * 7) % 19;
+    for (int j = 0; j < len; ++j) r.prompt.push_back(3 + (i * 31 + j * 17) % (vocab - 3));
+    SamplingParams& p = r.params;
+    p.max_tokens = max_tokens;
+    p.seed = 7 + 13 * static_cast<uint64_t>(i);
+    switch (i % 5) {
+      case 0:
+        p.temperature = 0.8f;
+        p.top_p = 0.9f;
+        break;
+      case 1:
+        p.temperature = 1.0f;
+        break;
+      case 2:
+        p.temperature = 0.6f;
+        p.top_k = 20;
+        p.min_p = 0.02f;
+        break;
+      case 3:
+        p.temperature = 0.0f;
+        break;
+      default:
+        p.temperature = 1.3f;
+        p.top_k = 5;
+        p.top_p = 0.7f;
+        break;
+    }
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
+// Pearson's chi-square of `counts` (draws in all) against probabilities
+// `expected`, over the bins expecting at least 5 (the rest pooled), with the
+// 99.9% quantile of its distribution (Wilson-Hilferty).
+struct ChiSquare {
+  double chi2 = 0, limit = 0;
+  int dof = 0;
+};
+inline ChiSquare chi_square(const std::vector<double>& expected, const std::vector<int64_t>& counts,
+                            int draws) {
+  double chi2 = 0, pooled_e = 0, pooled_o = 0;
+  int dof = -1;
+  for (size_t v = 0; v < expected.size(); ++v) {
+    const double e = expected[v] * draws;
+    if (e >= 5) {
+      chi2 += (counts[v] - e) * (counts[v] - e) / e;
+      ++dof;
+    } else {
+      pooled_e += e;
+      pooled_o += static_cast<double>(counts[v]);
+    }
+  }
+  if (pooled_e >= 5) {
+    chi2 += (pooled_o - pooled_e) * (pooled_o - pooled_e) / pooled_e;
+    ++dof;
+  }
+  const double z = 3.09;
+  const double k = std::max(dof, 1);
+  return {chi2, k * std::pow(1 - 2 / (9 * k) + z * std::sqrt(2 / (9 * k)), 3), dof};
+}
+
+}  // namespace specula::testing
