@@ -178,18 +178,23 @@ TEST(SamplingOps, SpeculativeAcceptRowsFollowsTheHostRule) {
     EXPECT_EQ(out.data<int32_t>()[2], 0) << trial;
     EXPECT_EQ(out.data<int32_t>()[3], sample_at(row_of(p, 3), u(3))) << trial;
   }
-  // Offsets that do not cover the window, and a q row out of range.
+  // A q row out of range, and offsets that do not cover the window (the
+  // tensors are named: a view of a temporary would dangle).
   HostTensor out(DType::kI32, {2, 2});
+  const HostTensor tokens_t = i32_tensor(tokens), good_q_rows = i32_tensor(q_rows);
+  const HostTensor bad_q_rows = i32_tensor({0, 1, 5, 0});
+  const HostTensor uniforms_t = i64_tensor({1, 2, 3, 4});
+  const HostTensor good_begin = i32_tensor(begin), short_begin = i32_tensor({0, 3, 3});
   SpeculativeAcceptParams bad{.p = p,
                               .q = q,
-                              .tokens = i32_tensor(tokens),
-                              .q_rows = i32_tensor({0, 1, 5, 0}),
-                              .uniforms = i64_tensor({1, 2, 3, 4}),
-                              .row_begin = i32_tensor({0, 3, 4}),
+                              .tokens = tokens_t,
+                              .q_rows = bad_q_rows,
+                              .uniforms = uniforms_t,
+                              .row_begin = good_begin,
                               .out = out};
   EXPECT_THROW(cpu().speculative_accept_rows(bad), Error);
-  bad.q_rows = i32_tensor(q_rows);
-  bad.row_begin = i32_tensor({0, 3, 3});
+  bad.q_rows = good_q_rows;
+  bad.row_begin = short_begin;
   EXPECT_THROW(cpu().speculative_accept_rows(bad), Error);
 }
 
