@@ -153,6 +153,12 @@ struct DeviceRounds {
   Tensor accepted(int64_t rows) const {
     return ids_slice(accepted_at(), 2 * rows).reshape(Shape{rows, 2});
   }
+  // Sampling: row `at` of the uniforms / params sections gets the next uniform
+  // of `rng` and the row's settings.
+  void stage_sample(int64_t at, Rng& rng, const RowSampling& rs) {
+    host_uniforms[static_cast<size_t>(at)] = static_cast<int64_t>(rng.uniform_bits());
+    host_params[static_cast<size_t>(at)] = rs;
+  }
   // Uploads the round's uniforms and row parameters (sampling).
   void upload_sampling(Backend& be) const {
     be.upload_async(host_uniforms.data(), uniforms_slice(0, sample_rows()));
@@ -336,6 +342,7 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     // the same requests prefill identically, so outputs still agree.
     const gemma4::ForwardOutput& out = target.forward(fwd, {.prefill = true});
     const int32_t* prefill_ids = nullptr;
+    const int32_t* prefill_sampled = nullptr;
     if (device_greedy) {
       prefill_ids = device_argmax(out.logits);
     } else if (device_sampling) {
@@ -346,17 +353,13 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       for (int64_t i = 0; i <= n; ++i) row_begin[i] = static_cast<int32_t>(i);
       for (int64_t i = 0; i < n; ++i) {
         Row& r = rows[static_cast<size_t>(i)];
-        d.host_uniforms[static_cast<size_t>(d.window_at() + i)] =
-            static_cast<int64_t>(r.rng.uniform_bits());
-        d.host_params[static_cast<size_t>(d.window_at() + i)] = row_sampling_of(r.request->params);
+        d.stage_sample(d.window_at() + i, r.rng, row_sampling_of(r.request->params));
       }
       be.upload_async(d.host_idx.data(), d.idx_slice(0, d.idx_size()));
       d.upload_sampling(be);
       device_accept(out.logits, d.ids_slice(0, n), n);
       be.download(d.accepted(n), d.host_ids.data());
-      for (int64_t i = 0; i < n; ++i)
-        d.host_pending[static_cast<size_t>(i)] = d.host_ids[static_cast<size_t>(2 * i + 1)];
-      prefill_ids = d.host_pending.data();
+      prefill_sampled = d.host_ids.data();  // {accepted = 0, token} per prompt
     }
     const float* prefill_logits =
         device_greedy || device_sampling ? nullptr : on_host(out.logits, &logits_host);
@@ -369,8 +372,8 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       if (device_greedy) {
         r.pending = prefill_ids[i];
       } else if (device_sampling) {
-        check_sampled(i, prefill_ids[i]);
-        r.pending = prefill_ids[i];
+        r.pending = prefill_sampled[2 * i + 1];
+        check_sampled(i, r.pending);
       } else {
         std::span<const float> logits(prefill_logits + i * V, static_cast<size_t>(V));
         r.pending = sample_token(logits, history_of(r), r.request->params, ws, r.rng);
@@ -470,18 +473,11 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
           // for the replacement or bonus token).
           const RowSampling rs = row_sampling_of(r.request->params);
           for (int j = 0; j < r.k_round; ++j) {
-            const size_t at =
-                static_cast<size_t>(j * d.B) +
-                static_cast<size_t>(
-                    row_slots[a * static_cast<size_t>(max_k) + static_cast<size_t>(j)]);
-            d.host_uniforms[at] = static_cast<int64_t>(r.rng.uniform_bits());
-            d.host_params[at] = rs;
+            d.stage_sample(
+                j * d.B + row_slots[a * static_cast<size_t>(max_k) + static_cast<size_t>(j)], r.rng,
+                rs);
           }
-          for (int64_t w = row_begin[a]; w < m; ++w) {
-            const auto at = static_cast<size_t>(d.window_at() + w);
-            d.host_uniforms[at] = static_cast<int64_t>(r.rng.uniform_bits());
-            d.host_params[at] = rs;
-          }
+          for (int64_t w = row_begin[a]; w < m; ++w) d.stage_sample(d.window_at() + w, r.rng, rs);
         }
       }
       row_begin[active.size()] = static_cast<int32_t>(m);
