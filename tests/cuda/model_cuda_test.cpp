@@ -10,17 +10,15 @@
 #include "engine/io/safetensors.h"
 #include "engine/model/gemma4/gemma4.h"
 #include "engine/spec/decoder.h"
+#include "tests/cuda/cuda_model_util.h"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace specula {
 namespace {
 
-std::string golden(const std::string& name) {
-  return std::string(SPECULA_SOURCE_DIR) + "/tests/golden/" + name;
-}
-bool have(const std::string& name) {
-  return std::filesystem::exists(golden(name) + "/expected.safetensors");
-}
+using test::golden;
+using test::have;
+using test::on_cuda;
 
 // Logit tolerances (max |Δ| / max |ref|) against transformers' f32 reference.
 // f32 fixtures run the f32-weight kernels (products ≤ 256 rows are our own
@@ -43,12 +41,6 @@ double rel_error(const float* a, const float* b, int64_t n) {
 std::vector<int32_t> ids_of(const Tensor& t) {
   auto s = t.i32();
   return {s.begin(), s.end()};
-}
-
-gemma4::LoadOptions on_cuda() {
-  gemma4::LoadOptions o;
-  o.device = Device::cuda(0);
-  return o;
 }
 
 class CudaGolden : public ::testing::TestWithParam<const char*> {};

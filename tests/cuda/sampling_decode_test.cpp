@@ -14,24 +14,16 @@
 #include "engine/model/gemma4/gemma4.h"
 #include "engine/sampling/sampler.h"
 #include "engine/spec/decoder.h"
+#include "tests/cuda/cuda_model_util.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/unit/spec/sampling_test_util.h"
 
 namespace specula {
 namespace {
 
-std::string golden(const std::string& name) {
-  return std::string(SPECULA_SOURCE_DIR) + "/tests/golden/" + name;
-}
-bool have(const std::string& name) {
-  return std::filesystem::exists(golden(name) + "/expected.safetensors");
-}
-
-gemma4::LoadOptions on_cuda() {
-  gemma4::LoadOptions o;
-  o.device = Device::cuda(0);
-  return o;
-}
+using test::golden;
+using test::have;
+using test::on_cuda;
 
 struct Pair {
   const char* target;
