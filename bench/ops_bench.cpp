@@ -170,6 +170,41 @@ int main(int argc, char** argv) {
           be, [&] { be.attention(ap); }, reps);
       fmt::print("{:<10} {:>5} {:>10.1f} {:>10.0f}\n", "attention", m, t * 1e6,
                  static_cast<double>(k.nbytes() * 2) / t / 1e9);
+      // The layer's attention as the model runs it on one row: q/k/v norms,
+      // RoPE and the cache store, then attention over the cache in place, as
+      // two ops and as attention_with_inputs (a derived launch).
+      {
+        Tensor kr = buf.make(DType::kF32, {m, KV, D}, 13);
+        Tensor vr = buf.make(DType::kF32, {m, KV, D}, 14);
+        Tensor qn = buf.make(DType::kBF16, {D}, 15);
+        Tensor kn = buf.make(DType::kBF16, {D}, 16);
+        Tensor freq = buf.make(DType::kF32, {D / 2}, 17);
+        AttentionInputsParams in{.q = q,
+                                 .q_norm = qn,
+                                 .k = kr,
+                                 .k_norm = kn,
+                                 .v = vr,
+                                 .positions = pos,
+                                 .inv_freq = freq,
+                                 .cache_k = k,
+                                 .cache_v = v};
+        AttentionParams bound = ap;
+        bound.window = 0;
+        bound.positions_bound = positions_bound_for(context + m);
+        const double t2 = time_per_call(
+            be,
+            [&] {
+              be.attention_inputs(in);
+              be.attention(bound);
+            },
+            reps);
+        const double tf = time_per_call(
+            be, [&] { be.attention_with_inputs(in, bound); }, reps);
+        fmt::print("{:<10} {:>5} {:>10.1f}  attention_inputs + attention (full cache, derived)\n",
+                   "attn_layer", m, t2 * 1e6);
+        fmt::print("{:<10} {:>5} {:>10.1f}  attention_with_inputs\n", "attn_layer", m, tf * 1e6);
+        for (int i = 0; i < 5; ++i) buf.owned.pop_back();
+      }
       Tensor h = buf.make(DType::kF32, {m, H}, 8);
       Tensor nw = buf.make(DType::kBF16, {H}, 9);
       const double tn = time_per_call(

@@ -251,6 +251,22 @@ class Backend : public MemoryResource {
   virtual void attention(const AttentionParams& p) = 0;
   // See AttentionInputsParams. The default composes rms_norm, rope, copy and store_kv.
   virtual void attention_inputs(const AttentionInputsParams& p);
+  // attention_inputs(inputs), then attention(p), as one op: p.q is inputs.q,
+  // p.q_positions inputs.positions, and when inputs.k is set, p.k / p.v are the
+  // caches inputs.cache_k / cache_v read in place (the new rows are among their
+  // keys). out and the cache rows are those of the two calls, bit for bit;
+  // inputs.q, k and v hold unspecified values afterwards (a backend may attend
+  // without finishing them in place). Ordering promise, which lets a backend
+  // read the old keys while the ops before it still run (CUDA: before its
+  // inputs are ready): the rows of p.k / p.v at positions below
+  // q_positions[0], and q_positions itself, are not written by any op queued
+  // since the last embedding() (the start of a forward), which waits for
+  // everything queued before it. The default runs the two ops.
+  virtual void attention_with_inputs(const AttentionInputsParams& inputs,
+                                     const AttentionParams& p) {
+    attention_inputs(inputs);
+    attention(p);
+  }
   // Cache store by device positions: row i of k and v f32 [n, KV, D] goes to row
   // positions[i] mod R of cache_k / cache_v f32 [R, KV, D]; positions i32 [n] >= 0 and
   // pairwise distinct mod R. Reading positions on the device (not a host offset)

@@ -39,9 +39,12 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <utility>
 
 #include "engine/backend/cuda/cuda_backend.h"
+#include "engine/backend/cuda/cuda_device_common.cuh"
 #include "engine/backend/cuda/cuda_launch.cuh"
 
 namespace specula::cuda {
@@ -139,12 +142,12 @@ __device__ inline KeyRange visible_keys(int64_t qp, const AttnGeom& g) {
 
 // Fixed xor-butterfly reductions: each step adds the same two values in every
 // lane (addition commutes), so all lanes end with one identical result.
-__device__ inline float warp_sum(float x) {
+__device__ inline float lane_sum(float x) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) x = __fadd_rn(x, __shfl_xor_sync(kFullMask, x, off));
   return x;
 }
-__device__ inline float warp_max(float x) {
+__device__ inline float lane_max(float x) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(kFullMask, x, off));
   return x;
@@ -267,6 +270,57 @@ __device__ void chunk_values(const float* sV, const float* sP, const int* s_j0, 
   }
 }
 
+// Scores of the block's np pairs over the staged keys, then each pair's chunk
+// softmax (one warp per pair, lane j = key j): sP holds the weights
+// expf(score - m) afterwards, and (m, l) goes to the pair's partial entry.
+// sK and sQ must be staged and visible to the whole block.
+__device__ void chunk_softmax(const float* sK, const float* sQ, float* sP, const int* s_j0,
+                              const int* s_j1, const int64_t* s_entry, int np,
+                              float* __restrict__ part_ml, const AttnGeom& g) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int tp = pairs_per_tile(np);
+  if (tp == 1) {
+    chunk_scores<1>(sK, sQ, sP, np, g);
+  } else if (tp == 2) {
+    chunk_scores<2>(sK, sQ, sP, np, g);
+  } else {
+    chunk_scores<4>(sK, sQ, sP, np, g);
+  }
+  __syncthreads();
+  for (int p = warp; p < np; p += kPartialWarps) {
+    const int j0 = s_j0[p];
+    const int j1 = s_j1[p];
+    if (j0 > j1) continue;  // warp-uniform
+    const bool seen = lane >= j0 && lane <= j1;
+    const float sc = sP[p * kChunk + lane];
+    const float m = lane_max(seen ? sc : -INFINITY);
+    const float e = seen ? expf(sc - m) : 0.0f;
+    const float l = lane_sum(e);
+    sP[p * kChunk + lane] = e;
+    if (lane == 0) {
+      part_ml[2 * s_entry[p]] = m;
+      part_ml[2 * s_entry[p] + 1] = l;
+    }
+  }
+}
+
+// The pairs' weighted V sums over keys [u0, u1] into their partial entries
+// (chunk_values with the register tile np calls for); sV and the weights in
+// sP must be visible to the whole block.
+__device__ void chunk_weighted_values(const float* sV, const float* sP, const int* s_j0,
+                                      const int* s_j1, const int64_t* s_entry, int np, int u0,
+                                      int u1, float* __restrict__ part_acc, const AttnGeom& g) {
+  const int tp = pairs_per_tile(np);
+  if (tp == 1) {
+    chunk_values<1>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
+  } else if (tp == 2) {
+    chunk_values<2>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
+  } else {
+    chunk_values<4>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
+  }
+}
+
 // Partials: one block per (absolute chunk, kv head, tile of up to kPairTile
 // (query, head) pairs of that kv head); pair = query · group + head in group.
 // Grid: x = chunk - c_first (every chunk the key tensor touches), y = kv head,
@@ -369,43 +423,229 @@ __global__ void __launch_bounds__(kPartialThreads, 3)
   }
   if (!g.eager) stage_tiles(u0, u1);
 
-  const int tp = pairs_per_tile(np);
   __pipeline_wait_prior(1);  // this thread's q and K copies have landed
   __syncthreads();           // ... and everyone's
-  if (tp == 1) {
-    chunk_scores<1>(sK, sQ, sP, np, g);
-  } else if (tp == 2) {
-    chunk_scores<2>(sK, sQ, sP, np, g);
-  } else {
-    chunk_scores<4>(sK, sQ, sP, np, g);
-  }
-  __syncthreads();
-
-  // Chunk softmax, one warp per pair, lane j = key j.
-  for (int p = warp; p < np; p += kPartialWarps) {
-    const int j0 = s_j0[p];
-    const int j1 = s_j1[p];
-    if (j0 > j1) continue;  // warp-uniform
-    const bool seen = lane >= j0 && lane <= j1;
-    const float sc = sP[p * kChunk + lane];
-    const float m = warp_max(seen ? sc : -INFINITY);
-    const float e = seen ? expf(sc - m) : 0.0f;
-    const float l = warp_sum(e);
-    sP[p * kChunk + lane] = e;
-    if (lane == 0) {
-      part_ml[2 * s_entry[p]] = m;
-      part_ml[2 * s_entry[p] + 1] = l;
-    }
-  }
+  chunk_softmax(sK, sQ, sP, s_j0, s_j1, s_entry, np, part_ml, g);
   __pipeline_wait_prior(0);  // V rows
   __syncthreads();
-  if (tp == 1) {
-    chunk_values<1>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
-  } else if (tp == 2) {
-    chunk_values<2>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
-  } else {
-    chunk_values<4>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
+  chunk_weighted_values(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
+}
+
+// ---- attention_with_inputs: the inputs finished inside the partials kernel ----
+
+// The un-finished inputs of a fused launch (AttentionInputsParams as pointers).
+struct FusedInputs {
+  const float* q;      // raw q [S, H, D]
+  const float* k;      // raw k [S, KV, D], or null (a KV-shared layer: q only)
+  const float* v;      // raw v [S, KV, D] (unused when v_from_k)
+  const void* q_norm;  // [D] of q_norm_dtype, or null (no weight)
+  const void* k_norm;
+  DType q_norm_dtype;
+  DType k_norm_dtype;
+  const float* inv_freq;  // [D/2]
+  float eps;
+  bool v_from_k;
+};
+
+// Element i of a [n] weight of any float dtype, as f32 (exact widening).
+__device__ inline float load_weight(const void* w, DType dt, int i) {
+  if (dt == DType::kBF16) return load_float<DType::kBF16>(w, i);
+  if (dt == DType::kF16) return load_float<DType::kF16>(w, i);
+  return load_float<DType::kF32>(w, i);
+}
+
+// dst (shared, d floats) = rope(rms_apply(vals, inv) · w) of one row held by the
+// warp as load_held<kPer, 32> leaves it (kPer * 32 >= d), and the same into out (global)
+// unless null: attention_inputs' write_norm_rope, with the weight and the
+// frequencies read from shared memory. The rotation happens in place: lane l
+// reads and writes only its own pairs (j, j + d/2), j = l + 32 i.
+template <int kPer>
+__device__ inline void norm_rope_row(const float (&vals)[kPer], float inv, const float* w,
+                                     bool has_weight, int d, int lane, int32_t position,
+                                     const float* freq, float* dst, float* out) {
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int c = lane + 32 * i;
+    if (c < d) dst[c] = rms_apply_loaded(vals[i], inv, has_weight, has_weight ? w[c] : 0.0f);
   }
+  __syncwarp();
+  const int half = d / 2;
+#pragma unroll
+  for (int i = 0; i < kPer / 2; ++i) {
+    const int j = lane + 32 * i;
+    if (j >= half) break;
+    const float2 y = rope_rotate(dst[j], dst[j + half], position, freq[j]);
+    dst[j] = y.x;
+    dst[j + half] = y.y;
+    if (out != nullptr) {
+      out[j] = y.x;
+      out[j + half] = y.y;
+    }
+  }
+  __syncwarp();
+}
+
+// dst (shared) and out (global, unless null) = rms_apply(vals, inv), weightless (the v norm).
+template <int kPer>
+__device__ inline void plain_norm_row(const float (&vals)[kPer], float inv, int d, int lane,
+                                      float* dst, float* out) {
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int c = lane + 32 * i;
+    if (c < d) {
+      const float y = rms_apply_loaded(vals[i], inv, false, 0.0f);
+      dst[c] = y;
+      if (out != nullptr) out[c] = y;
+    }
+  }
+}
+
+// A partials block (decode steps and verify windows of up to kFusedPairTiles
+// pair tiles, derived launches) that finishes its inputs itself, so no attention_inputs kernel
+// runs between the q/k/v product and attention, and the chunk's old keys load
+// while the product is still running:
+// - before pdl_wait(): q_pos, the norm weights and frequencies (into shared
+//   memory), and the cache rows at positions below the first query (the
+//   ordering promise of attention_with_inputs), staged with cp.async;
+// - after it: each pair's q row, normalised and rotated into sQ exactly as
+//   attention_inputs finishes it, and for each new position in this chunk the
+//   finished k and v rows of this kv head, into sK / sV and into their cache
+//   rows (each (position, kv head) lies in one chunk; of that chunk's pair
+//   tiles, the one with the first pair of the position's own query writes the
+//   row, so each cache row has one writer). A KV-shared layer (no k) stages those rows from
+//   the cache instead (its donor wrote them earlier in the same forward).
+// Then scores, softmax and values as the partials kernel computes them.
+// Positions are consecutive (the derived-launch promise), so new position p is
+// token p - q_pos[0] of k and v.
+template <int kPer, int kMinBlocks>
+__global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
+    attention_fused_kernel(FusedInputs in, float* __restrict__ k_cache, float* __restrict__ v_cache,
+                           const int32_t* __restrict__ q_pos, float* __restrict__ part_ml,
+                           float* __restrict__ part_acc, AttnGeom g) {
+  pdl_launch_dependents();  // the combine: it waits for this whole grid
+  extern __shared__ float4 smem[];
+  const int d = g.d;
+  float* sK = reinterpret_cast<float*>(smem);
+  float* sV = sK + kChunk * g.ld;
+  float* sQ = sV + kChunk * g.ld;
+  float* sP = sQ + staged_q_rows(g.pair_tile) * g.ld;
+  float* sQn = sP + g.pair_tile * kChunk;  // [d] q_norm as f32
+  float* sKn = sQn + d;                    // [d] k_norm as f32
+  float* sFreq = sKn + d;                  // [d / 2]
+  __shared__ int s_j0[kPairTile];
+  __shared__ int s_j1[kPairTile];
+  __shared__ int64_t s_entry[kPairTile];
+
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int64_t first = q_pos[0];
+  const int64_t last = q_pos[g.s - 1];
+  const int64_t hull_lo = visible_keys(first, g).lo;
+  const int64_t c0 = (floor_div(hull_lo, kChunk) + blockIdx.x) * kChunk;
+  const int kvh = static_cast<int>(blockIdx.y);
+  // Pair tile z: pairs pair0 .. pair0 + np - 1 (pair = query · group + head in group).
+  const int64_t pair0 = int64_t{blockIdx.z} * g.pair_tile;
+  const int np = static_cast<int>(min(int64_t{g.pair_tile}, int64_t{g.s} * g.group - pair0));
+  const int64_t kv_row = int64_t{g.n_kv} * d;  // floats per key
+  const auto key_row = [&](int64_t kp) { return g.ring > 0 ? kp % g.ring : kp - g.k_pos0; };
+  const auto stage_keys = [&](int j0, int j1) {  // rows j0..j1 of the chunk, K then V
+    for (int j = j0 + warp; j <= j1; j += kPartialWarps) {
+      stage_row(sK + j * g.ld, k_cache + key_row(c0 + j) * kv_row + int64_t{kvh} * d, g, lane);
+      stage_row(sV + j * g.ld, v_cache + key_row(c0 + j) * kv_row + int64_t{kvh} * d, g, lane);
+    }
+    __pipeline_commit();
+  };
+  // Old keys of the chunk: [max(c0, first visible), min(chunk end, first - 1)].
+  stage_keys(static_cast<int>(max(c0, hull_lo) - c0),
+             static_cast<int>(min(c0 + kChunk - 1, first - 1) - c0));
+  const bool has_qn = in.q_norm != nullptr;
+  const bool has_kn = in.k_norm != nullptr;
+  for (int i = static_cast<int>(threadIdx.x); i < d; i += kPartialThreads) {
+    sQn[i] = has_qn ? load_weight(in.q_norm, in.q_norm_dtype, i) : 0.0f;
+    sKn[i] = has_kn && in.k != nullptr ? load_weight(in.k_norm, in.k_norm_dtype, i) : 0.0f;
+    if (i < d / 2) sFreq[i] = in.inv_freq[i];
+  }
+  if (static_cast<int>(threadIdx.x) < np) {
+    const int64_t pair = pair0 + threadIdx.x;
+    const int64_t qi = pair / g.group;
+    const int64_t h = int64_t{kvh} * g.group + pair % g.group;
+    const KeyRange r = visible_keys(q_pos[qi], g);
+    const int64_t a = max(r.lo, c0);
+    const int64_t b = min(r.hi, c0 + kChunk - 1);
+    const int64_t slot = floor_div(c0, kChunk) - floor_div(r.lo, kChunk);
+    const bool sees = r.lo <= r.hi && a <= b && slot < g.n_slots;
+    s_j0[threadIdx.x] = sees ? static_cast<int>(a - c0) : 1;
+    s_j1[threadIdx.x] = sees ? static_cast<int>(b - c0) : 0;
+    s_entry[threadIdx.x] = sees ? (qi * g.n_heads + h) * g.n_slots + slot : -1;
+  }
+  __syncthreads();
+  int u0 = kChunk;
+  int u1 = -1;
+  for (int p = 0; p < np; ++p) {
+    if (s_j0[p] <= s_j1[p]) {
+      u0 = min(u0, s_j0[p]);
+      u1 = max(u1, s_j1[p]);
+    }
+  }
+  if (u0 > u1) {  // block-uniform: no pair sees a key here, so no new position lies here either
+    __pipeline_wait_prior(0);
+    return;
+  }
+
+  pdl_wait();
+  // New keys of the chunk: positions [max(c0, first), min(chunk end, last)]
+  // (of them, this tile's pairs read rows u0 .. u1 only).
+  const int new0 = max(static_cast<int>(max(c0, first) - c0), u0);
+  const int new1 = min(static_cast<int>(min(c0 + kChunk - 1, last) - c0), u1);
+  const int n_new = in.k != nullptr ? max(0, new1 - new0 + 1) : 0;
+  if (in.k == nullptr) stage_keys(new0, new1);
+  // Work items, one warp each: the pairs' q rows, then the new k/v rows.
+  for (int item = warp; item < np + n_new; item += kPartialWarps) {
+    float vals[kPer];
+    if (item < np) {
+      const int64_t qi = (pair0 + item) / g.group;
+      const int64_t h = int64_t{kvh} * g.group + (pair0 + item) % g.group;
+      load_held<kPer, 32>(in.q + (qi * g.n_heads + h) * d, lane, d, vals);
+      const float inv = rms_inv(warp_row_sum_squares(vals, d, lane), d, in.eps);
+      norm_rope_row(vals, inv, sQn, has_qn, d, lane, q_pos[qi], sFreq, sQ + item * g.ld, nullptr);
+      continue;
+    }
+    const int j = new0 + (item - np);
+    const int64_t pos = c0 + j;
+    const int64_t src = ((pos - first) * g.n_kv + kvh) * d;
+    const int64_t dst = key_row(pos) * kv_row + int64_t{kvh} * d;
+    // Several tiles may finish the row; the cache gets it from the one holding
+    // the first pair of its own query (which sees it, so never exits early).
+    const bool writer = (pos - first) * g.group / g.pair_tile == int64_t{blockIdx.z};
+    // k and v load together (one memory round trip); v_from_k normalises k's row.
+    float vv[kPer];
+    load_held<kPer, 32>(in.k + src, lane, d, vals);
+    load_held<kPer, 32>(in.v_from_k ? nullptr : in.v + src, lane, d, vv);
+    const float inv_k = rms_inv(warp_row_sum_squares(vals, d, lane), d, in.eps);
+    if (in.v_from_k) {
+      plain_norm_row(vals, inv_k, d, lane, sV + j * g.ld, writer ? v_cache + dst : nullptr);
+    } else {
+      const float inv_v = rms_inv(warp_row_sum_squares(vv, d, lane), d, in.eps);
+      plain_norm_row(vv, inv_v, d, lane, sV + j * g.ld, writer ? v_cache + dst : nullptr);
+    }
+    norm_rope_row(vals, inv_k, sKn, has_kn, d, lane, static_cast<int32_t>(pos), sFreq,
+                  sK + j * g.ld, writer ? k_cache + dst : nullptr);
+  }
+  __pipeline_wait_prior(0);  // this thread's cache rows have landed
+  __syncthreads();           // ... and everyone's, and the finished rows
+  chunk_softmax(sK, sQ, sP, s_j0, s_j1, s_entry, np, part_ml, g);
+  __syncthreads();
+  chunk_weighted_values(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
+}
+
+// Most pair tiles of a fused launch (31B's full-attention verify window of 5
+// queries: 40 pairs, two tiles).
+constexpr int kFusedPairTiles = 4;
+
+// Dynamic shared memory of a fused block: the partials tiles, then the norm
+// weights and frequencies.
+constexpr size_t fused_smem_bytes(int d, int pairs) {
+  return partials_smem_bytes(d, pairs) + static_cast<size_t>(2 * d + d / 2) * sizeof(float);
 }
 
 // Combine: one block per (query, head) row = qi · H + h; merges the partials of
@@ -448,10 +688,10 @@ __global__ void __launch_bounds__(kCombineThreads)
 
   float m_part = -INFINITY;
   for (int c = lane; c < n; c += 32) m_part = fmaxf(m_part, ml[2 * c]);
-  const float m = warp_max(m_part);
+  const float m = lane_max(m_part);
   float l_part = 0.0f;
   for (int c = lane; c < n; c += 32) l_part = fmaf(ml[2 * c + 1], expf(ml[2 * c] - m), l_part);
-  const float l = warp_sum(l_part);
+  const float l = lane_sum(l_part);
 
   float acc[NR];
 #pragma unroll
@@ -553,48 +793,59 @@ bool aligned16(const void* p) {
   return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
-}  // namespace
+// The launches of one attention call (past the fast-prefill branch): the
+// geometry, the partials grid, the query tile and the partials scratch.
+struct AttnPlan {
+  AttnGeom g{};
+  int64_t n_chunks = 0;  // chunks the key tensor touches (0: no partials kernel)
+  int64_t tile = 0;      // queries per launch
+  float* part_acc = nullptr;
+  float* part_ml = nullptr;
+  int nr = 0;  // combine lanes' dims: ceil(D / 32)
 
-// q f32 [S, H, D], k/v f32 [T, Hkv, D], out f32 [S, H, D], q_positions i32 [S]
-// (all on this device); H a multiple of Hkv, D <= 512. See AttentionParams.
-void CudaBackend::attention(const AttentionParams& p) {
-  OpTimer timer(*this, "attention");
-  constexpr const char* kOp = "attention";
-  check_on(*this, kOp, "q", p.q);
-  check_on(*this, kOp, "k", p.k);
-  check_on(*this, kOp, "v", p.v);
-  check_on(*this, kOp, "out", p.out);
-  check_on(*this, kOp, "q_positions", p.q_positions);
-  const ops::AttentionDims dims = ops::check_attention(p);
-  const int64_t s_len = dims.queries;
-  const int64_t n_heads = dims.heads;
-  const int64_t d = dims.head_dim;
-  const bool ring = dims.ring;
-  const int64_t t_len = dims.keys;
-  const int64_t n_kv = dims.kv_heads;
-  if (d > kMaxHeadDim) {
-    fail("attention: head dimension {} of q {} exceeds the {} the CUDA kernels support", d,
-         p.q.describe(), kMaxHeadDim);
+  // Derived sliding launches: the hull of a tile of s consecutive queries spans
+  // at most window + s - 1 positions.
+  int64_t grid_chunks(int64_t s) const {
+    if (!g.derive || g.window <= 0) return n_chunks;
+    return std::min<int64_t>(n_chunks, (g.window + s - 1 + kChunk - 2) / kChunk + 1);
   }
-  if (n_heads > 65535) {
+};
+
+// attention()'s checks (shapes, devices, what the kernels support).
+ops::AttentionDims check_cuda_attention(CudaBackend& be, const AttentionParams& p) {
+  constexpr const char* kOp = "attention";
+  check_on(be, kOp, "q", p.q);
+  check_on(be, kOp, "k", p.k);
+  check_on(be, kOp, "v", p.v);
+  check_on(be, kOp, "out", p.out);
+  check_on(be, kOp, "q_positions", p.q_positions);
+  const ops::AttentionDims dims = ops::check_attention(p);
+  if (dims.head_dim > kMaxHeadDim) {
+    fail("attention: head dimension {} of q {} exceeds the {} the CUDA kernels support",
+         dims.head_dim, p.q.describe(), kMaxHeadDim);
+  }
+  if (dims.heads > 65535) {
     fail("attention: q {} / k {} have more heads than the CUDA kernels support", p.q.describe(),
          p.k.describe());
   }
-  if (p.out.numel() == 0) return;
-  if (p.allow_fast_prefill && !ring && s_len >= kFastPrefillQueries && t_len > 0) {
-    attention_prefill_gemm(*this, p);
-    return;
-  }
+  return dims;
+}
 
-  AttnGeom g{};
+AttnPlan plan_attention(CudaBackend& be, const AttentionParams& p, const ops::AttentionDims& dims) {
+  const int64_t s_len = dims.queries;
+  const int64_t n_heads = dims.heads;
+  const int64_t d = dims.head_dim;
+  const int64_t t_len = dims.keys;
+  AttnPlan plan;
+  AttnGeom& g = plan.g;
   g.n_heads = static_cast<int>(n_heads);
-  g.n_kv = static_cast<int>(n_kv);
-  g.group = static_cast<int>(n_heads / n_kv);
+  g.n_kv = static_cast<int>(dims.kv_heads);
+  g.group = static_cast<int>(n_heads / dims.kv_heads);
   g.d = static_cast<int>(d);
   g.ld = smem_row_floats(g.d);
   g.t = t_len;
   g.k_pos0 = p.k_pos0;
-  g.ring = ring ? p.k.dim(0) : 0;
+  g.ring = dims.ring ? p.k.dim(0) : 0;
   g.c_first = floor_div(p.k_pos0, kChunk);
   g.window = p.window;
   g.causal = p.causal;
@@ -619,17 +870,12 @@ void CudaBackend::attention(const AttentionParams& p) {
     fail("attention: k {} spans {} chunks of {} keys, more than the CUDA kernels support",
          p.k.describe(), n_chunks, kChunk);
   }
+  plan.n_chunks = n_chunks;
   int64_t n_slots = n_chunks;
   if (p.causal && p.window > 0) {
     n_slots = std::min<int64_t>(n_slots, (p.window + kChunk - 2) / kChunk + 1);
   }
   g.n_slots = static_cast<int>(n_slots);
-  // Derived sliding launches: the hull of a tile of s consecutive queries spans
-  // at most window + s - 1 positions.
-  auto derived_grid = [&](int64_t s) {
-    if (!g.derive || p.window <= 0) return n_chunks;
-    return std::min<int64_t>(n_chunks, (p.window + s - 1 + kChunk - 2) / kChunk + 1);
-  };
 
   // Tile the queries so one tile's partials fit the scratch; tiles are
   // independent (a query's result does not depend on its tile).
@@ -639,41 +885,141 @@ void CudaBackend::attention(const AttentionParams& p) {
   void* base = nullptr;
   if (per_query > 0) {
     const size_t bytes = std::max(kPartialsBudget, per_query);
-    base = scratch(attn_partials_, bytes);
+    base = be.scratch(be.attn_partials_, bytes);
     tile = std::min<int64_t>(s_len, static_cast<int64_t>(bytes / per_query));
   }
   // Grid z of the partials kernel is at most 65535 pair tiles; the combine grid
   // (x = tile · H blocks) at most INT_MAX.
   tile = std::min<int64_t>(tile, int64_t{65535} * kPairTile / g.group);
   tile = std::min<int64_t>(tile, int64_t{INT_MAX} / n_heads);
-  tile = std::max<int64_t>(tile, 1);
+  plan.tile = std::max<int64_t>(tile, 1);
   // acc [tile·H·slots][D] first (16-byte aligned rows when D % 4 == 0), then
   // the (m, l) pairs.
-  auto* part_acc = static_cast<float*>(base);
-  float* part_ml = part_acc == nullptr ? nullptr : part_acc + tile * n_heads * n_slots * d;
-  if (n_chunks > 0) allow_partials_smem(device_index());
+  plan.part_acc = static_cast<float*>(base);
+  plan.part_ml =
+      plan.part_acc == nullptr ? nullptr : plan.part_acc + plan.tile * n_heads * n_slots * d;
+  if (n_chunks > 0) allow_partials_smem(be.device_index());
+  plan.nr = static_cast<int>((d + 31) / 32);
+  return plan;
+}
 
-  const int nr = static_cast<int>((d + 31) / 32);
+// Sets the per-launch fields of g for queries [s0, s0 + s) of an S-query call.
+void set_tile(AttnGeom& g, const AttentionParams& p, int64_t s0, int64_t s, int64_t s_len) {
+  g.s = static_cast<int>(s);
+  g.pair_tile = static_cast<int>(std::min<int64_t>(kPairTile, int64_t{g.s} * g.group));
+  // Decode and verify windows (one pair tile): their keys are nearly all
+  // visible, so staging a chunk's rows before knowing the ranges wastes little.
+  g.eager = int64_t{g.s} * g.group <= kPairTile;
+  g.release_next = p.product_follows && s0 + s >= s_len;
+}
+
+}  // namespace
+
+// q f32 [S, H, D], k/v f32 [T, Hkv, D], out f32 [S, H, D], q_positions i32 [S]
+// (all on this device); H a multiple of Hkv, D <= 512. See AttentionParams.
+void CudaBackend::attention(const AttentionParams& p) {
+  OpTimer timer(*this, "attention");
+  const ops::AttentionDims dims = check_cuda_attention(*this, p);
+  const int64_t s_len = dims.queries;
+  if (p.out.numel() == 0) return;
+  if (p.allow_fast_prefill && !dims.ring && s_len >= kFastPrefillQueries && dims.keys > 0) {
+    attention_prefill_gemm(*this, p);
+    return;
+  }
+  AttnPlan plan = plan_attention(*this, p, dims);
+  AttnGeom& g = plan.g;
+  const int64_t n_heads = dims.heads;
+  const int64_t d = dims.head_dim;
   const auto* q = p.q.data_as<const float>();
   const auto* k = p.k.data_as<const float>();
   const auto* v = p.v.data_as<const float>();
   const auto* pos = p.q_positions.data_as<const int32_t>();
   auto* out = p.out.data_as<float>();
-  for (int64_t s0 = 0; s0 < s_len; s0 += tile) {
-    g.s = static_cast<int>(std::min(tile, s_len - s0));
-    g.pair_tile = static_cast<int>(std::min<int64_t>(kPairTile, int64_t{g.s} * g.group));
-    // Decode and verify windows (one pair tile): their keys are nearly all
-    // visible, so staging a chunk's rows before knowing the ranges wastes little.
-    g.eager = int64_t{g.s} * g.group <= kPairTile;
-    g.release_next = p.product_follows && s0 + tile >= s_len;
+  for (int64_t s0 = 0; s0 < s_len; s0 += plan.tile) {
+    set_tile(g, p, s0, std::min(plan.tile, s_len - s0), s_len);
     const int64_t offset = s0 * n_heads * d;
-    if (n_chunks > 0) {
-      launch_partials(q + offset, k, v, pos + s0, part_ml, part_acc, g, derived_grid(g.s),
-                      stream());
+    if (plan.n_chunks > 0) {
+      launch_partials(q + offset, k, v, pos + s0, plan.part_ml, plan.part_acc, g,
+                      plan.grid_chunks(g.s), stream());
     }
-    dispatch_combine(nr, std::make_integer_sequence<int, kMaxLaneDims>{}, pos + s0, part_ml,
-                     part_acc, out + offset, g, /*after_partials=*/n_chunks > 0, stream());
+    dispatch_combine(plan.nr, std::make_integer_sequence<int, kMaxLaneDims>{}, pos + s0,
+                     plan.part_ml, plan.part_acc, out + offset, g,
+                     /*after_partials=*/plan.n_chunks > 0, stream());
   }
+}
+
+// See Backend::attention_with_inputs. attention_fused_kernel (inputs and
+// partials) and the combine when the call is a derived launch of one pair tile
+// (decode steps, short verify windows) with 16-byte aligned float4 rows and the
+// cache read in place; otherwise the two ops.
+void CudaBackend::attention_with_inputs(const AttentionInputsParams& in, const AttentionParams& p) {
+  const ops::AttentionInputsDims idims = ops::check_attention_inputs(in);
+  const ops::AttentionDims dims = check_cuda_attention(*this, p);
+  const auto same = [](const Tensor& a, const Tensor& b) { return a.data() == b.data(); };
+  bool fits = p.causal && p.positions_bound > 0 && !p.allow_fast_prefill && dims.keys > 0 &&
+              dims.queries > 0 &&
+              dims.queries * (dims.heads / dims.kv_heads) <= kFusedPairTiles * kPairTile &&
+              dims.head_dim % 4 == 0 && idims.head_dim == dims.head_dim &&
+              idims.tokens == dims.queries && idims.heads == dims.heads && same(in.q, p.q) &&
+              same(in.positions, p.q_positions) && aligned16(p.q.data()) && aligned16(p.k.data()) &&
+              aligned16(p.v.data());
+  if (fits && idims.has_k) {
+    // The new rows go where the attention reads them: the same cache, in place.
+    fits = idims.has_cache && idims.kv_heads == dims.kv_heads && same(in.cache_k, p.k) &&
+           same(in.cache_v, p.v) &&
+           (dims.ring ? p.k.dim(0) == in.cache_k.dim(0)
+                      : p.k_pos0 == 0 && p.k.dim(0) <= in.cache_k.dim(0));
+  }
+  // SPECULA_UNFUSED_ATTENTION=1 runs the two ops instead (same results; for A/B runs).
+  static const bool unfused = [] {
+    const char* e = std::getenv("SPECULA_UNFUSED_ATTENTION");
+    return e != nullptr && *e != '\0' && std::string_view(e) != "0";
+  }();
+  if (!fits || unfused) {
+    Backend::attention_with_inputs(in, p);
+    return;
+  }
+  check_on(*this, "attention_with_inputs", "q_norm", in.q_norm);
+  check_on(*this, "attention_with_inputs", "inv_freq", in.inv_freq);
+  if (idims.has_k) {
+    check_on(*this, "attention_with_inputs", "k", in.k);
+    check_on(*this, "attention_with_inputs", "k_norm", in.k_norm);
+    check_on(*this, "attention_with_inputs", "v", in.v);
+  }
+  OpTimer timer(*this, "attention_with_inputs");
+  AttnPlan plan = plan_attention(*this, p, dims);
+  if (plan.tile < dims.queries) {  // (never at these sizes: the scratch holds far more)
+    Backend::attention_with_inputs(in, p);
+    return;
+  }
+  AttnGeom& g = plan.g;
+  set_tile(g, p, 0, dims.queries, dims.queries);
+  FusedInputs f{};
+  f.q = in.q.data_as<const float>();
+  f.q_norm = in.q_norm.empty() ? nullptr : in.q_norm.data();
+  f.q_norm_dtype = in.q_norm.empty() ? DType::kF32 : in.q_norm.dtype();
+  f.inv_freq = in.inv_freq.data_as<const float>();
+  f.eps = in.eps;
+  f.v_from_k = in.v_from_k;
+  if (idims.has_k) {
+    f.k = in.k.data_as<const float>();
+    f.v = in.v.data_as<const float>();
+    f.k_norm = in.k_norm.empty() ? nullptr : in.k_norm.data();
+    f.k_norm_dtype = in.k_norm.empty() ? DType::kF32 : in.k_norm.dtype();
+  }
+  const auto* pos = p.q_positions.data_as<const int32_t>();
+  const int64_t pairs = int64_t{g.s} * g.group;
+  const dim3 grid(static_cast<unsigned>(plan.grid_chunks(g.s)), static_cast<unsigned>(g.n_kv),
+                  static_cast<unsigned>((pairs + g.pair_tile - 1) / g.pair_tile));
+  // Rows of up to 256 floats hold 8 a lane and fit three blocks an SM (the
+  // occupancy of the partials kernel: with two, 31B decode steps took 0.8 ms
+  // longer on an H200); wider heads fit one block an SM by shared memory anyway.
+  auto kernel = g.d <= 256 ? attention_fused_kernel<8, 3> : attention_fused_kernel<16, 1>;
+  launch_pdl(kernel, grid, dim3(kPartialThreads), fused_smem_bytes(g.d, g.pair_tile), stream(),
+             "attention_fused_kernel", f, p.k.data_as<float>(), p.v.data_as<float>(), pos,
+             plan.part_ml, plan.part_acc, g);
+  dispatch_combine(plan.nr, std::make_integer_sequence<int, kMaxLaneDims>{}, pos, plan.part_ml,
+                   plan.part_acc, p.out.data_as<float>(), g, /*after_partials=*/true, stream());
 }
 
 }  // namespace specula::cuda

@@ -74,6 +74,8 @@ class CudaBackend final : public Backend {
 
   // ---- attention (cuda_attention.cu) ----
   void attention(const AttentionParams& p) override;
+  void attention_with_inputs(const AttentionInputsParams& inputs,
+                             const AttentionParams& p) override;
 
   // ---- elementwise and reductions (cuda_elementwise.cu) ----
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) override;

@@ -146,6 +146,21 @@ __device__ __forceinline__ double rms_group_sum(double partial, double* partials
   }
 }
 
+// The sum of squares of a row of d floats held by one warp as load_held<kPer,
+// 32> leaves it (lane holds elements lane + 32 i): each lane sums its squares
+// in increasing element order, then the warp butterfly. The warp rows of
+// rms_norm (d <= 1,024) and the attention-input kernels sum this way.
+template <int kPer>
+__device__ __forceinline__ double warp_row_sum_squares(const float (&vals)[kPer], int64_t d,
+                                                       int lane) {
+  double sum = 0.0;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    if (lane + 32 * i < d) rms_accumulate(sum, vals[i]);
+  }
+  return warp_sum(sum);
+}
+
 // (mean + eps)^-1/2 of a row of d floats whose squares sum to `sum`, rounded
 // once from double: as close as f32 gets to the CPU's powf(mean + eps, -0.5f).
 __device__ __forceinline__ float rms_inv(double sum, int64_t d, float eps) {

@@ -236,13 +236,7 @@ __device__ __forceinline__ void load_row(const float* row, int64_t d, int lane,
 // rms_norm_kernel's warp path (d <= kWarpRowMax) sums it.
 __device__ __forceinline__ float warp_row_inv(const float (&vals)[kPerLane], int64_t d, int lane,
                                               float eps) {
-  double sum = 0.0;
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    if (lane + 32 * i < d) rms_accumulate(sum, vals[i]);
-  }
-  sum = rms_group_sum<32, kThreads>(sum, nullptr);
-  return rms_inv(sum, d, eps);
+  return rms_inv(warp_row_sum_squares(vals, d, lane), d, eps);
 }
 
 // out[c] (and out2[c] unless null) = rms_apply(vals, inv), weightless (the v norm).

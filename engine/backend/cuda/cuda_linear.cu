@@ -898,6 +898,9 @@ void launch_embedding(const Tensor& table, const Tensor& ids, float scale, const
   const int64_t h = table.dim(1);
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(blocks_for(h, kElemThreads), 64)),
                   static_cast<unsigned>(std::min<int64_t>(n, 65535)));
+  // A plain launch, never a programmatic dependent: it waits for everything
+  // queued before it, which is the ordering promise attention_with_inputs
+  // relies on to read old cache rows before its inputs are ready.
   embedding_kernel<T><<<grid, kElemThreads, 0, stream>>>(table.data_as<const T>(),
                                                          ids.data_as<const int32_t>(), scale,
                                                          out.data_as<float>(), n, h, table.dim(0));

@@ -588,7 +588,13 @@ bool Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
   } else {
     product(s.xn, w.q_proj, q, options);
   }
-  be.attention_inputs(in);
+  // One row read in place (decode steps, verify windows, a short chunk):
+  // attention_with_inputs finishes the inputs and attends in one op, which lets
+  // a backend load the old keys while the products run. The cache it reads is
+  // the one the row's new keys go to (or, KV-shared, the donor's).
+  const bool fused_inputs =
+      rows.size() == 1 && !plans[0].gather && (spec.kv_shared || !in.cache_k.empty());
+  if (!fused_inputs) be.attention_inputs(in);
 
   if (!spec.kv_shared) {
     for (size_t r = 0; r < rows.size(); ++r) {
@@ -672,7 +678,11 @@ bool Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
     // but with several rows or queries (batched rows, verify windows) the
     // early chain of launches it starts made steps 25-60% slower.
     ap.product_follows = plans.size() == 1 && p.n == 1;
-    be.attention(ap);
+    if (fused_inputs) {
+      be.attention_with_inputs(in, ap);
+    } else {
+      be.attention(ap);
+    }
   }
   product(attn, w.o_proj, s.o, options);
   // Residual update, then the feed-forward input norm of the new residual.

@@ -1,0 +1,303 @@
+// SPDX-License-Identifier: Apache-2.0
+// CudaBackend::attention_with_inputs: the fused kernel (inputs finished inside
+// the partials blocks, old keys loaded before the inputs are ready) against
+// the CUDA composition attention_inputs + attention byte for byte, and against
+// the CPU within the norm / RoPE / attention tolerance: decode steps and verify
+// windows, sliding rings that wrap and full caches, positions at chunk edges,
+// GQA groups of 2 and 8, head dims 64 to 512, v from k, separate v and
+// KV-shared (q only) layers, f32 and bf16 norm weights, windows of several
+// pair tiles; calls the fused kernel does not take give the same bytes as well.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/ops/backend.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace specula::test {
+namespace {
+
+// A norm and RoPE (CUDA's sincosf may be two ulp from glibc's), then f32
+// online softmax over chunks against the CPU's direct softmax.
+constexpr float kTol = 3e-5f;
+
+enum class Kv { kQOnly, kSeparateV, kVFromK };
+
+struct FusedCase {
+  int64_t s = 1;  // queries (new tokens)
+  int64_t heads = 8, kv_heads = 2, d = 256;
+  int64_t last = 0;  // position of the last query
+  bool ring = true;  // sliding ring (window 40, 64 rows) or a full cache
+  Kv kv = Kv::kSeparateV;
+  DType norm_dtype = DType::kBF16;
+
+  std::string label() const {
+    return fmt::format("S={} H={}/{} D={} last={} {} {} norms {}", s, heads, kv_heads, d, last,
+                       ring ? "ring" : "full",
+                       kv == Kv::kQOnly    ? "q only"
+                       : kv == Kv::kVFromK ? "v from k"
+                                           : "separate v",
+                       norm_dtype == DType::kF32 ? "f32" : "bf16");
+  }
+};
+
+constexpr int kWindow = 40;
+constexpr int64_t kRingRows = 64;  // window + 24 rows of slack (>= S - 1)
+constexpr int64_t kFullRows = 1024;
+
+// The tensors of a case: inputs (never written by the op under test) and
+// copies of what it writes, one set per run.
+struct Inputs {
+  std::unique_ptr<Twin> q, k, v, q_norm, k_norm, freq, pos, cache_k, cache_v;
+};
+
+std::unique_ptr<Twin> copy_of(const Twin& t) {
+  auto c = std::make_unique<Twin>(t.host.dtype(), t.host.shape());
+  std::memcpy(c->host.view().data(), t.host.view().data(), t.host.view().nbytes());
+  c->push();
+  return c;
+}
+
+Inputs make_inputs(const FusedCase& c, uint64_t seed) {
+  Inputs in;
+  const int64_t kv = c.kv_heads, d = c.d;
+  in.q = std::make_unique<Twin>(DType::kF32, Shape{c.s, c.heads, d});
+  in.q->randomize(seed++, -3.0f, 3.0f);
+  in.q_norm = std::make_unique<Twin>(c.norm_dtype, Shape{d});
+  in.q_norm->randomize(seed++, 0.5f, 1.5f);
+  in.k_norm = std::make_unique<Twin>(c.norm_dtype, Shape{d});
+  in.k_norm->randomize(seed++, 0.5f, 1.5f);
+  in.freq = std::make_unique<Twin>(DType::kF32, Shape{d / 2});
+  for (int64_t j = 0; j < d / 2; ++j) {  // the upper quarter unrotated, as partial rotary
+    in.freq->host.data<float>()[j] =
+        j >= d / 2 * 3 / 4
+            ? 0.0f
+            : static_cast<float>(std::pow(10000.0, -2.0 * static_cast<double>(j) / d));
+  }
+  in.freq->push();
+  in.pos = std::make_unique<Twin>(DType::kI32, Shape{c.s});
+  for (int64_t i = 0; i < c.s; ++i) {
+    in.pos->host.data<int32_t>()[i] = static_cast<int32_t>(c.last - c.s + 1 + i);
+  }
+  in.pos->push();
+  if (c.kv != Kv::kQOnly) {
+    in.k = std::make_unique<Twin>(DType::kF32, Shape{c.s, kv, d});
+    in.k->randomize(seed++, -3.0f, 3.0f);
+    in.v = std::make_unique<Twin>(DType::kF32, Shape{c.s, kv, d});
+    in.v->randomize(seed++, -2.0f, 2.0f);
+  }
+  // Old rows (and, q only, the donor's new rows): normalised-looking values.
+  const int64_t rows = c.ring ? kRingRows : kFullRows;
+  in.cache_k = std::make_unique<Twin>(DType::kF32, Shape{rows, kv, d});
+  in.cache_k->randomize(seed++, -1.0f, 1.0f);
+  in.cache_v = std::make_unique<Twin>(DType::kF32, Shape{rows, kv, d});
+  in.cache_v->randomize(seed++, -1.0f, 1.0f);
+  return in;
+}
+
+// The two op parameter sets of a case over the given tensors (device or host).
+struct Call {
+  AttentionInputsParams in;
+  AttentionParams ap;
+};
+
+Call make_call(const FusedCase& c, const Inputs& t, const Twin& q, const Twin* k, const Twin* v,
+               const Twin& cache_k, const Twin& cache_v, const Twin& out, bool on_device) {
+  auto pick = [&](const Twin& x) { return on_device ? x.dev : Tensor(x.host); };
+  Call call;
+  AttentionInputsParams& in = call.in;
+  in.q = pick(q);
+  in.q_norm = pick(*t.q_norm);
+  in.positions = pick(*t.pos);
+  in.inv_freq = pick(*t.freq);
+  in.eps = 1e-6f;
+  if (c.kv != Kv::kQOnly) {
+    in.k = pick(*k);
+    in.k_norm = pick(*t.k_norm);
+    in.v = pick(*v);
+    in.v_from_k = c.kv == Kv::kVFromK;
+    in.cache_k = pick(cache_k);
+    in.cache_v = pick(cache_v);
+  }
+  AttentionParams& ap = call.ap;
+  ap.q = in.q;
+  ap.out = pick(out);
+  ap.q_positions = in.positions;
+  ap.causal = true;
+  ap.scale = 1.0f;
+  const int64_t pos0 = c.last - c.s + 1;
+  ap.positions_bound = positions_bound_for(c.last + 1);
+  if (c.ring) {
+    const int64_t from = std::max<int64_t>(0, pos0 - kWindow + 1);
+    ap.k = pick(cache_k);
+    ap.v = pick(cache_v);
+    ap.k_pos0 = from;
+    ap.ring_keys = c.last + 1 - from;
+    ap.window = kWindow;
+  } else {
+    ap.k = pick(cache_k).slice_rows(0, c.last + 1);
+    ap.v = pick(cache_v).slice_rows(0, c.last + 1);
+  }
+  return call;
+}
+
+// What one run writes: out and the caches.
+struct Outputs {
+  std::unique_ptr<Twin> q, k, v, cache_k, cache_v, out;
+};
+
+Outputs fresh_outputs(const FusedCase& c, const Inputs& t) {
+  Outputs o;
+  o.q = copy_of(*t.q);
+  if (t.k) {
+    o.k = copy_of(*t.k);
+    o.v = copy_of(*t.v);
+  }
+  o.cache_k = copy_of(*t.cache_k);
+  o.cache_v = copy_of(*t.cache_v);
+  o.out = std::make_unique<Twin>(DType::kF32, Shape{c.s, c.heads, c.d});
+  for (int64_t i = 0; i < o.out->host.view().numel(); ++i) o.out->host.data<float>()[i] = 7.0f;
+  o.out->push();
+  return o;
+}
+
+void expect_same_bytes(const HostTensor& got, const HostTensor& want, const std::string& what) {
+  ASSERT_EQ(got.view().nbytes(), want.view().nbytes()) << what;
+  const auto* g = static_cast<const float*>(got.view().data());
+  const auto* w = static_cast<const float*>(want.view().data());
+  for (int64_t i = 0; i < want.view().numel(); ++i) {
+    if (std::memcmp(&g[i], &w[i], sizeof(float)) != 0) {
+      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << ", want " << w[i];
+      return;
+    }
+  }
+}
+
+// Runs the case three ways; returns whether the fused kernel ran (it leaves q
+// as it was, where attention_inputs finishes it in place).
+bool check(const FusedCase& c, uint64_t seed = 1) {
+  const std::string what = c.label();
+  SCOPED_TRACE(what);
+  const Inputs t = make_inputs(c, seed);
+  Outputs fused = fresh_outputs(c, t);
+  Outputs composed = fresh_outputs(c, t);
+  Outputs cpu = fresh_outputs(c, t);
+  const Call f = make_call(c, t, *fused.q, fused.k.get(), fused.v.get(), *fused.cache_k,
+                           *fused.cache_v, *fused.out, true);
+  gpu_be().attention_with_inputs(f.in, f.ap);
+  const Call g = make_call(c, t, *composed.q, composed.k.get(), composed.v.get(), *composed.cache_k,
+                           *composed.cache_v, *composed.out, true);
+  gpu_be().attention_inputs(g.in);
+  gpu_be().attention(g.ap);
+  const Call h = make_call(c, t, *cpu.q, cpu.k.get(), cpu.v.get(), *cpu.cache_k, *cpu.cache_v,
+                           *cpu.out, false);
+  cpu_be().attention_with_inputs(h.in, h.ap);
+
+  const HostTensor out = fused.out->pull();
+  expect_same_bytes(out, composed.out->pull(), what + " out vs the composition");
+  expect_close(out, cpu.out->host, kTol, (what + " out vs cpu").c_str());
+  const HostTensor ck = fused.cache_k->pull();
+  expect_same_bytes(ck, composed.cache_k->pull(), what + " cache_k vs the composition");
+  expect_close(ck, cpu.cache_k->host, kTol, (what + " cache_k vs cpu").c_str());
+  const HostTensor cv = fused.cache_v->pull();
+  expect_same_bytes(cv, composed.cache_v->pull(), what + " cache_v vs the composition");
+  expect_close(cv, cpu.cache_v->host, kTol, (what + " cache_v vs cpu").c_str());
+  const HostTensor q_after = fused.q->pull();
+  return std::memcmp(q_after.view().data(), t.q->host.view().data(), t.q->host.view().nbytes()) ==
+         0;
+}
+
+TEST(CudaAttentionFused, DecodeAndVerifyWindowsOverRings) {
+  SKIP_WITHOUT_CUDA();
+  // Positions: the first token, both sides of chunk edges, past the window
+  // (the ring wraps: 64 rows), and deep into it.
+  for (int64_t s : {1, 5}) {
+    for (int64_t last : {0, 4, 31, 32, 33, 63, 64, 100, 511}) {
+      if (last - s + 1 < 0) continue;
+      for (Kv kv : {Kv::kSeparateV, Kv::kVFromK, Kv::kQOnly}) {
+        EXPECT_TRUE(check({.s = s, .last = last, .ring = true, .kv = kv}))
+            << "took the composition: S " << s << " last " << last;
+      }
+    }
+  }
+}
+
+TEST(CudaAttentionFused, FullCachesWideHeadsAndGroupsOfEight) {
+  SKIP_WITHOUT_CUDA();
+  for (int64_t last : {0, 31, 32, 200, 600}) {
+    // 31B's full-attention shape (D 512, 4 queries per kv head... here 8), E2B's (D 256, 8/1).
+    EXPECT_TRUE(check({.s = 1,
+                       .heads = 16,
+                       .kv_heads = 2,
+                       .d = 512,
+                       .last = last,
+                       .ring = false,
+                       .kv = Kv::kVFromK}));
+    EXPECT_TRUE(check({.s = 4,
+                       .heads = 8,
+                       .kv_heads = 1,
+                       .d = 256,
+                       .last = last + 3,
+                       .ring = false,
+                       .kv = Kv::kSeparateV,
+                       .norm_dtype = DType::kF32}));
+    EXPECT_TRUE(check({.s = 1,
+                       .heads = 8,
+                       .kv_heads = 1,
+                       .d = 512,
+                       .last = last,
+                       .ring = false,
+                       .kv = Kv::kQOnly}));
+  }
+}
+
+TEST(CudaAttentionFused, SmallHeadDims) {
+  SKIP_WITHOUT_CUDA();
+  for (int64_t d : {64, 128}) {
+    EXPECT_TRUE(check({.s = 5, .heads = 4, .kv_heads = 2, .d = d, .last = 70, .ring = true}));
+    EXPECT_TRUE(check({.s = 2, .heads = 4, .kv_heads = 4, .d = d, .last = 33, .ring = false}));
+  }
+}
+
+// Verify windows of several pair tiles (each cache row written by one of
+// them): 31B's full-attention window (5 queries, groups of 8: 40 pairs) and
+// E2B's, across chunk edges, a query's pairs split over two tiles (groups of
+// 3), and 17 queries of pairs of 2 (34 pairs).
+TEST(CudaAttentionFused, WindowsOfSeveralPairTiles) {
+  SKIP_WITHOUT_CUDA();
+  for (int64_t last : {4, 33, 35, 100}) {
+    EXPECT_TRUE(check({.s = 5,
+                       .heads = 16,
+                       .kv_heads = 2,
+                       .d = 512,
+                       .last = last,
+                       .ring = false,
+                       .kv = Kv::kVFromK}));
+    EXPECT_TRUE(check({.s = 5, .heads = 8, .kv_heads = 1, .d = 256, .last = last, .ring = true}));
+    EXPECT_TRUE(check({.s = 5,
+                       .heads = 8,
+                       .kv_heads = 1,
+                       .d = 256,
+                       .last = last,
+                       .ring = true,
+                       .kv = Kv::kQOnly}));
+  }
+  EXPECT_TRUE(check({.s = 11, .heads = 6, .kv_heads = 2, .d = 128, .last = 47, .ring = false}));
+  EXPECT_TRUE(check({.s = 17, .heads = 8, .kv_heads = 4, .d = 256, .last = 90, .ring = true}));
+}
+
+// More pairs than the fused launch takes, and head dims that are not float4
+// rows: the composition runs, with the same results.
+TEST(CudaAttentionFused, CallsTheKernelDoesNotTakeRunTheComposition) {
+  SKIP_WITHOUT_CUDA();
+  EXPECT_FALSE(check({.s = 17, .heads = 8, .kv_heads = 1, .d = 256, .last = 90, .ring = false}));
+  EXPECT_FALSE(check({.s = 1, .heads = 4, .kv_heads = 2, .d = 82, .last = 40, .ring = true}));
+}
+
+}  // namespace
+}  // namespace specula::test
