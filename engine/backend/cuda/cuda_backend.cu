@@ -142,13 +142,20 @@ void CudaBackend::upload_async(const void* host, const Tensor& dst) {
   // (normally long ago: the host is at most kStagingSlots uploads ahead).
   if (slot.copied != nullptr) check_cuda(cudaEventSynchronize(slot.copied), "upload_async (wait)");
   if (bytes > slot.size) {
-    if (slot.host) check_cuda(cudaFreeHost(slot.host), "cudaFreeHost");
-    slot.host = nullptr;
-    slot.size = 0;
+    // Every slot grows at once (after the copies that read them have run):
+    // growing them one by one, as each came round, allocated in steady state
+    // until the ring had gone round once.
     const size_t want = std::max<size_t>(size_t{64} << 10, bytes + bytes / 2);
-    check_cuda(cudaHostAlloc(&slot.host, want, cudaHostAllocDefault), "cudaHostAlloc");
-    slot.size = want;
-    ++allocations_;  // growth is an allocation like any other (steady steps make none)
+    for (StagingSlot& s : staging_) {
+      if (s.size >= want) continue;
+      if (s.copied != nullptr) check_cuda(cudaEventSynchronize(s.copied), "upload_async (wait)");
+      if (s.host) check_cuda(cudaFreeHost(s.host), "cudaFreeHost");
+      s.host = nullptr;
+      s.size = 0;
+      check_cuda(cudaHostAlloc(&s.host, want, cudaHostAllocDefault), "cudaHostAlloc");
+      s.size = want;
+      ++allocations_;  // growth is an allocation like any other (steady steps make none)
+    }
   }
   if (slot.copied == nullptr) {
     check_cuda(cudaEventCreateWithFlags(&slot.copied, cudaEventDisableTiming), "cudaEventCreate");
