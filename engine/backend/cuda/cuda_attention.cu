@@ -31,6 +31,9 @@
 // and every (query, head) pair of its kv head (the GQA group, times the
 // queries of a verify window) reuses that tile. The combine is launched as a
 // programmatic dependent (PDL) so its launch overlaps the partials kernel.
+// attention_with_inputs (a lone row) runs attention_fused_kernel instead of
+// the partials kernel: it also finishes the q/k/v inputs (as attention_inputs
+// does, bit for bit) and stages the cached keys before its inputs are ready.
 #include <cuda_pipeline.h>
 #include <cuda_runtime.h>
 
