@@ -198,15 +198,14 @@ bool check(const FusedCase& c, uint64_t seed = 1) {
                            *cpu.out, false);
   cpu_be().attention_with_inputs(h.in, h.ap);
 
-  const HostTensor out = fused.out->pull();
-  expect_same_bytes(out, composed.out->pull(), what + " out vs the composition");
-  expect_close(out, cpu.out->host, kTol, (what + " out vs cpu").c_str());
-  const HostTensor ck = fused.cache_k->pull();
-  expect_same_bytes(ck, composed.cache_k->pull(), what + " cache_k vs the composition");
-  expect_close(ck, cpu.cache_k->host, kTol, (what + " cache_k vs cpu").c_str());
-  const HostTensor cv = fused.cache_v->pull();
-  expect_same_bytes(cv, composed.cache_v->pull(), what + " cache_v vs the composition");
-  expect_close(cv, cpu.cache_v->host, kTol, (what + " cache_v vs cpu").c_str());
+  const auto compare = [&](std::unique_ptr<Twin> Outputs::*which, const char* name) {
+    const HostTensor got = (fused.*which)->pull();
+    expect_same_bytes(got, (composed.*which)->pull(), what + " " + name + " vs the composition");
+    expect_close(got, (cpu.*which)->host, kTol, (what + " " + name + " vs cpu").c_str());
+  };
+  compare(&Outputs::out, "out");
+  compare(&Outputs::cache_k, "cache_k");
+  compare(&Outputs::cache_v, "cache_v");
   const HostTensor q_after = fused.q->pull();
   return std::memcmp(q_after.view().data(), t.q->host.view().data(), t.q->host.view().nbytes()) ==
          0;

@@ -273,6 +273,40 @@ __device__ void chunk_values(const float* sV, const float* sP, const int* s_j0, 
   }
 }
 
+// The keys each of the np pairs pair0 .. pair0 + np - 1 (of kv head kvh) sees
+// in the chunk at position c0, written by threads 0 .. np - 1: rows s_j0[p] ..
+// s_j1[p] of the chunk (j0 > j1: none) and the pair's partial entry (-1: none).
+__device__ void chunk_pair_ranges(const int32_t* __restrict__ q_pos, int64_t c0, int kvh,
+                                  int64_t pair0, int np, const AttnGeom& g, int* s_j0, int* s_j1,
+                                  int64_t* s_entry) {
+  if (static_cast<int>(threadIdx.x) >= np) return;
+  const int64_t pair = pair0 + threadIdx.x;
+  const int64_t qi = pair / g.group;
+  const int64_t h = int64_t{kvh} * g.group + pair % g.group;
+  const KeyRange r = visible_keys(q_pos[qi], g);
+  const int64_t a = max(r.lo, c0);
+  const int64_t b = min(r.hi, c0 + kChunk - 1);
+  const int64_t slot = floor_div(c0, kChunk) - floor_div(r.lo, kChunk);
+  const bool sees = r.lo <= r.hi && a <= b && slot < g.n_slots;
+  s_j0[threadIdx.x] = sees ? static_cast<int>(a - c0) : 1;
+  s_j1[threadIdx.x] = sees ? static_cast<int>(b - c0) : 0;
+  s_entry[threadIdx.x] = sees ? (qi * g.n_heads + h) * g.n_slots + slot : -1;
+}
+
+// The hull {u0, u1} of the pairs' row ranges (u0 > u1: no pair sees a key of
+// the chunk), once chunk_pair_ranges' writes are visible.
+__device__ int2 chunk_key_hull(const int* s_j0, const int* s_j1, int np) {
+  int u0 = kChunk;
+  int u1 = -1;
+  for (int p = 0; p < np; ++p) {
+    if (s_j0[p] <= s_j1[p]) {
+      u0 = min(u0, s_j0[p]);
+      u1 = max(u1, s_j1[p]);
+    }
+  }
+  return make_int2(u0, u1);
+}
+
 // Scores of the block's np pairs over the staged keys, then each pair's chunk
 // softmax (one warp per pair, lane j = key j): sP holds the weights
 // expf(score - m) afterwards, and (m, l) goes to the pair's partial entry.
@@ -397,29 +431,12 @@ __global__ void __launch_bounds__(kPartialThreads, 3)
                 static_cast<int>(min(c0 + kChunk - 1, hull.hi) - c0));
   }
 
-  if (static_cast<int>(threadIdx.x) < np) {
-    const int64_t pair = pair0 + threadIdx.x;
-    const int64_t qi = pair / g.group;
-    const int64_t h = int64_t{kvh} * g.group + pair % g.group;
-    const KeyRange r = visible_keys(q_pos[qi], g);
-    const int64_t a = max(r.lo, c0);
-    const int64_t b = min(r.hi, c0 + kChunk - 1);
-    const int64_t slot = floor_div(c0, kChunk) - floor_div(r.lo, kChunk);
-    const bool sees = r.lo <= r.hi && a <= b && slot < g.n_slots;
-    s_j0[threadIdx.x] = sees ? static_cast<int>(a - c0) : 1;
-    s_j1[threadIdx.x] = sees ? static_cast<int>(b - c0) : 0;
-    s_entry[threadIdx.x] = sees ? (qi * g.n_heads + h) * g.n_slots + slot : -1;
-  }
+  chunk_pair_ranges(q_pos, c0, kvh, pair0, np, g, s_j0, s_j1, s_entry);
   __syncthreads();
   // Keys [u0, u1]: the hull of the pairs' ranges (rows the loops below read).
-  int u0 = kChunk;
-  int u1 = -1;
-  for (int p = 0; p < np; ++p) {
-    if (s_j0[p] <= s_j1[p]) {
-      u0 = min(u0, s_j0[p]);
-      u1 = max(u1, s_j1[p]);
-    }
-  }
+  const int2 hull_keys = chunk_key_hull(s_j0, s_j1, np);
+  const int u0 = hull_keys.x;
+  const int u1 = hull_keys.y;
   if (u0 > u1) {                            // block-uniform: no pair sees a key of this chunk
     if (g.eager) __pipeline_wait_prior(0);  // no copy outlives the block
     return;
@@ -455,52 +472,6 @@ __device__ inline float load_weight(const void* w, DType dt, int i) {
   if (dt == DType::kBF16) return load_float<DType::kBF16>(w, i);
   if (dt == DType::kF16) return load_float<DType::kF16>(w, i);
   return load_float<DType::kF32>(w, i);
-}
-
-// dst (shared, d floats) = rope(rms_apply(vals, inv) · w) of one row held by the
-// warp as load_held<kPer, 32> leaves it (kPer * 32 >= d), and the same into out (global)
-// unless null: attention_inputs' write_norm_rope, with the weight and the
-// frequencies read from shared memory. The rotation happens in place: lane l
-// reads and writes only its own pairs (j, j + d/2), j = l + 32 i.
-template <int kPer>
-__device__ inline void norm_rope_row(const float (&vals)[kPer], float inv, const float* w,
-                                     bool has_weight, int d, int lane, int32_t position,
-                                     const float* freq, float* dst, float* out) {
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int c = lane + 32 * i;
-    if (c < d) dst[c] = rms_apply_loaded(vals[i], inv, has_weight, has_weight ? w[c] : 0.0f);
-  }
-  __syncwarp();
-  const int half = d / 2;
-#pragma unroll
-  for (int i = 0; i < kPer / 2; ++i) {
-    const int j = lane + 32 * i;
-    if (j >= half) break;
-    const float2 y = rope_rotate(dst[j], dst[j + half], position, freq[j]);
-    dst[j] = y.x;
-    dst[j + half] = y.y;
-    if (out != nullptr) {
-      out[j] = y.x;
-      out[j + half] = y.y;
-    }
-  }
-  __syncwarp();
-}
-
-// dst (shared) and out (global, unless null) = rms_apply(vals, inv), weightless (the v norm).
-template <int kPer>
-__device__ inline void plain_norm_row(const float (&vals)[kPer], float inv, int d, int lane,
-                                      float* dst, float* out) {
-#pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    const int c = lane + 32 * i;
-    if (c < d) {
-      const float y = rms_apply_loaded(vals[i], inv, false, 0.0f);
-      dst[c] = y;
-      if (out != nullptr) out[c] = y;
-    }
-  }
 }
 
 // A partials block (decode steps and verify windows of up to kFusedPairTiles
@@ -568,28 +539,12 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
     sKn[i] = has_kn && in.k != nullptr ? load_weight(in.k_norm, in.k_norm_dtype, i) : 0.0f;
     if (i < d / 2) sFreq[i] = in.inv_freq[i];
   }
-  if (static_cast<int>(threadIdx.x) < np) {
-    const int64_t pair = pair0 + threadIdx.x;
-    const int64_t qi = pair / g.group;
-    const int64_t h = int64_t{kvh} * g.group + pair % g.group;
-    const KeyRange r = visible_keys(q_pos[qi], g);
-    const int64_t a = max(r.lo, c0);
-    const int64_t b = min(r.hi, c0 + kChunk - 1);
-    const int64_t slot = floor_div(c0, kChunk) - floor_div(r.lo, kChunk);
-    const bool sees = r.lo <= r.hi && a <= b && slot < g.n_slots;
-    s_j0[threadIdx.x] = sees ? static_cast<int>(a - c0) : 1;
-    s_j1[threadIdx.x] = sees ? static_cast<int>(b - c0) : 0;
-    s_entry[threadIdx.x] = sees ? (qi * g.n_heads + h) * g.n_slots + slot : -1;
-  }
+  chunk_pair_ranges(q_pos, c0, kvh, pair0, np, g, s_j0, s_j1, s_entry);
   __syncthreads();
-  int u0 = kChunk;
-  int u1 = -1;
-  for (int p = 0; p < np; ++p) {
-    if (s_j0[p] <= s_j1[p]) {
-      u0 = min(u0, s_j0[p]);
-      u1 = max(u1, s_j1[p]);
-    }
-  }
+  // Keys [u0, u1]: the hull of the pairs' ranges (rows the loops below read).
+  const int2 hull_keys = chunk_key_hull(s_j0, s_j1, np);
+  const int u0 = hull_keys.x;
+  const int u1 = hull_keys.y;
   if (u0 > u1) {  // block-uniform: no pair sees a key here, so no new position lies here either
     __pipeline_wait_prior(0);
     return;
@@ -602,6 +557,9 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
   const int new1 = min(static_cast<int>(min(c0 + kChunk - 1, last) - c0), u1);
   const int n_new = in.k != nullptr ? max(0, new1 - new0 + 1) : 0;
   if (in.k == nullptr) stage_keys(new0, new1);
+  const auto q_weight = [&](int, int c) { return sQn[c]; };
+  const auto k_weight = [&](int, int c) { return sKn[c]; };
+  const auto freq = [&](int, int pair) { return sFreq[pair]; };
   // Work items, one warp each: the pairs' q rows, then the new k/v rows.
   for (int item = warp; item < np + n_new; item += kPartialWarps) {
     float vals[kPer];
@@ -610,7 +568,8 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
       const int64_t h = int64_t{kvh} * g.group + (pair0 + item) % g.group;
       load_held<kPer, 32>(in.q + (qi * g.n_heads + h) * d, lane, d, vals);
       const float inv = rms_inv(warp_row_sum_squares(vals, d, lane), d, in.eps);
-      norm_rope_row(vals, inv, sQn, has_qn, d, lane, q_pos[qi], sFreq, sQ + item * g.ld, nullptr);
+      write_norm_rope(vals, inv, has_qn, q_weight, d, lane, sQ + item * g.ld, q_pos[qi], freq,
+                      nullptr, nullptr);
       continue;
     }
     const int j = new0 + (item - np);
@@ -626,13 +585,13 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
     load_held<kPer, 32>(in.v_from_k ? nullptr : in.v + src, lane, d, vv);
     const float inv_k = rms_inv(warp_row_sum_squares(vals, d, lane), d, in.eps);
     if (in.v_from_k) {
-      plain_norm_row(vals, inv_k, d, lane, sV + j * g.ld, writer ? v_cache + dst : nullptr);
+      write_plain_norm(vals, inv_k, d, lane, sV + j * g.ld, writer ? v_cache + dst : nullptr);
     } else {
       const float inv_v = rms_inv(warp_row_sum_squares(vv, d, lane), d, in.eps);
-      plain_norm_row(vv, inv_v, d, lane, sV + j * g.ld, writer ? v_cache + dst : nullptr);
+      write_plain_norm(vv, inv_v, d, lane, sV + j * g.ld, writer ? v_cache + dst : nullptr);
     }
-    norm_rope_row(vals, inv_k, sKn, has_kn, d, lane, static_cast<int32_t>(pos), sFreq,
-                  sK + j * g.ld, writer ? k_cache + dst : nullptr);
+    write_norm_rope(vals, inv_k, has_kn, k_weight, d, lane, sK + j * g.ld,
+                    static_cast<int32_t>(pos), freq, writer ? k_cache + dst : nullptr, nullptr);
   }
   __pipeline_wait_prior(0);  // this thread's cache rows have landed
   __syncthreads();           // ... and everyone's, and the finished rows

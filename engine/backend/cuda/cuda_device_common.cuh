@@ -201,4 +201,59 @@ __device__ __forceinline__ float2 rope_rotate(float x1, float x2, int32_t positi
                      __fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, s)));
 }
 
+// ---- one attention head row held by a warp ----
+// vals[i] is element lane + 32 i of a row of d <= 32 kPer floats (load_held<kPer, 32>).
+
+// out[c], and out2[c] unless null, = rms_apply(vals, inv), weightless (the v norm).
+template <int kPer>
+__device__ __forceinline__ void write_plain_norm(const float (&vals)[kPer], float inv, int64_t d,
+                                                 int lane, float* out, float* out2) {
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int64_t c = lane + 32 * i;
+    if (c < d) {
+      const float y = rms_apply_loaded(vals[i], inv, false, 0.0f);
+      out[c] = y;
+      if (out2 != nullptr) out2[c] = y;
+    }
+  }
+}
+
+// row (the warp's shared row), and out / out2 unless null, = rope(rms_apply(
+// vals, inv) · w): weight_at(i, c) is the weight of element c = lane + 32 i
+// (ignored without a weight), freq_at(i, j) the frequency of pair j = lane +
+// 32 i. The normalised row goes through `row` because RoPE pairs element j
+// with j + d/2, which another lane may hold; each lane then rotates only its
+// own pairs, in place.
+template <int kPer, typename WeightAt, typename FreqAt>
+__device__ __forceinline__ void write_norm_rope(const float (&vals)[kPer], float inv,
+                                                bool has_weight, WeightAt weight_at, int64_t d,
+                                                int lane, float* row, int32_t position,
+                                                FreqAt freq_at, float* out, float* out2) {
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int c = lane + 32 * i;
+    if (c < d) row[c] = rms_apply_loaded(vals[i], inv, has_weight, weight_at(i, c));
+  }
+  __syncwarp();
+  const int half = static_cast<int>(d / 2);
+#pragma unroll
+  for (int i = 0; i < kPer / 2; ++i) {
+    const int j = lane + 32 * i;
+    if (j >= half) break;
+    const float2 y = rope_rotate(row[j], row[j + half], position, freq_at(i, j));
+    row[j] = y.x;
+    row[j + half] = y.y;
+    if (out != nullptr) {
+      out[j] = y.x;
+      out[j + half] = y.y;
+    }
+    if (out2 != nullptr) {
+      out2[j] = y.x;
+      out2[j + half] = y.y;
+    }
+  }
+  __syncwarp();  // the row may be rewritten for the warp's next one
+}
+
 }  // namespace specula::cuda

@@ -239,53 +239,8 @@ __device__ __forceinline__ float warp_row_inv(const float (&vals)[kPerLane], int
   return rms_inv(warp_row_sum_squares(vals, d, lane), d, eps);
 }
 
-// out[c] (and out2[c] unless null) = rms_apply(vals, inv), weightless (the v norm).
-__device__ __forceinline__ void write_plain_norm(const float (&vals)[kPerLane], float inv,
-                                                 int64_t d, int lane, float* out, float* out2) {
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int64_t c = lane + 32 * i;
-    if (c < d) {
-      const float y = rms_apply<DType::kF32>(vals[i], inv, nullptr, c);
-      out[c] = y;
-      if (out2 != nullptr) out2[c] = y;
-    }
-  }
-}
-
 // Rotation pairs (j, j + d/2) per lane: lane holds pairs j = lane + 32 i.
 constexpr int kPairsPerLane = kPerLane / 2;
-
-// out (and out2 unless null) = rope(rms_apply(vals, inv)·w) of one row, with
-// w the lane's weight elements (load_held) and freqs its inv_freq
-// values. The normalised row goes through the warp's shared row `srow`
-// because RoPE pairs element j with j + d/2, which another lane may hold.
-__device__ __forceinline__ void write_norm_rope(const float (&vals)[kPerLane], float inv,
-                                                const float (&w)[kPerLane], bool has_weight,
-                                                int64_t d, int lane, float* srow, int32_t position,
-                                                const float (&freqs)[kPairsPerLane], float* out,
-                                                float* out2) {
-#pragma unroll
-  for (int i = 0; i < kPerLane; ++i) {
-    const int c = lane + 32 * i;
-    if (c < d) srow[c] = rms_apply_loaded(vals[i], inv, has_weight, w[i]);
-  }
-  __syncwarp();
-  const int half = static_cast<int>(d / 2);
-#pragma unroll
-  for (int i = 0; i < kPairsPerLane; ++i) {
-    const int j = lane + 32 * i;
-    if (j >= half) break;
-    const float2 y = rope_rotate(srow[j], srow[j + half], position, freqs[i]);
-    out[j] = y.x;
-    out[j + half] = y.y;
-    if (out2 != nullptr) {
-      out2[j] = y.x;
-      out2[j + half] = y.y;
-    }
-  }
-  __syncwarp();  // srow is rewritten for the warp's next row
-}
 
 // One warp per row: rows [0, M·Nh) are (token, head) rows of q, rows
 // [M·Nh, M·(Nh + KV)) are (token, kv head) rows of k, each of which also
@@ -320,6 +275,8 @@ __global__ void __launch_bounds__(kThreads) attention_inputs_kernel(AttnInputsAr
     }
     held = which;
   };
+  const auto weight_at = [&](int i, int) { return w[i]; };
+  const auto freq_at = [&](int i, int) { return freqs[i]; };
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   if (first < total) hold_weight(first < q_rows ? 0 : 1);
   pdl_wait();
@@ -332,8 +289,8 @@ __global__ void __launch_bounds__(kThreads) attention_inputs_kernel(AttnInputsAr
       load_row(qrow, d, lane, vals);
       const float inv = warp_row_inv(vals, d, lane, a.eps);
       hold_weight(0);
-      write_norm_rope(vals, inv, w, a.q_norm != nullptr, d, lane, srow, a.positions[t], freqs, qrow,
-                      nullptr);
+      write_norm_rope(vals, inv, a.q_norm != nullptr, weight_at, d, lane, srow, a.positions[t],
+                      freq_at, qrow, nullptr);
       continue;
     }
     const int64_t kr = r - q_rows;  // t · KV + h
@@ -364,7 +321,8 @@ __global__ void __launch_bounds__(kThreads) attention_inputs_kernel(AttnInputsAr
     // Every lane has loaded its raw k (above) before write_norm_rope's
     // __syncwarp, so overwriting elements another lane read is safe.
     hold_weight(1);
-    write_norm_rope(vals, inv_k, w, a.k_norm != nullptr, d, lane, srow, pos, freqs, krow, ck);
+    write_norm_rope(vals, inv_k, a.k_norm != nullptr, weight_at, d, lane, srow, pos, freq_at, krow,
+                    ck);
   }
 }
 
