@@ -14,11 +14,13 @@
 #                     the bench command (after `bench --micro --json --device ...
 #                     --random-weights ...`)
 #   BENCH_TIMEOUT=300 seconds per bench run
+#   ENV_A, ENV_B      VAR=value words set for that side only (say, the same
+#                     binary twice with ENV_A="SPECULA_L2_PREFETCH_STEPS=0")
 # JSON results land in $OUT (a-1.json, b-1.json, ...).
 set -euo pipefail
 
 if [[ $# -ne 2 ]]; then
-  sed -n '2,17p' "$0" >&2
+  sed -n '2,19p' "$0" >&2
   exit 2
 fi
 BIN_A=$1
@@ -29,6 +31,8 @@ ROUNDS=${ROUNDS:-3}
 DEVICE=${DEVICE:-cuda}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-300}
 BENCH_ARGS=${BENCH_ARGS:-"--batch 1 8 --reps 7 --prefill-tokens 64 --no-draft"}
+ENV_A=${ENV_A:-}
+ENV_B=${ENV_B:-}
 mkdir -p "$OUT"
 for bin in "$BIN_A" "$BIN_B"; do
   [[ -x $bin ]] || { echo "ab.sh: $bin is not an executable" >&2; exit 2; }
@@ -37,17 +41,18 @@ done
 for ((round = 1; round <= ROUNDS; ++round)); do
   for side in a b; do
     bin=$BIN_A
-    [[ $side == b ]] && bin=$BIN_B
+    side_env=$ENV_A
+    [[ $side == b ]] && bin=$BIN_B && side_env=$ENV_B
     json=$OUT/$side-$round.json
     echo "round $round/$ROUNDS: $side ($bin)" >&2
-    # shellcheck disable=SC2086  # BENCH_ARGS is a list of words
-    timeout "$BENCH_TIMEOUT" "$bin" bench --micro --json --device "$DEVICE" \
+    # shellcheck disable=SC2086  # BENCH_ARGS and side_env are lists of words
+    env $side_env timeout "$BENCH_TIMEOUT" "$bin" bench --micro --json --device "$DEVICE" \
       --random-weights "$PRESET" $BENCH_ARGS >"$json" 2>"$OUT/$side-$round.stderr" ||
       { echo "ab.sh: $side round $round failed, see $OUT/$side-$round.stderr" >&2; exit 1; }
   done
 done
 
-python3 - "$OUT" "$ROUNDS" "$BIN_A" "$BIN_B" <<'EOF'
+python3 - "$OUT" "$ROUNDS" "$ENV_A $BIN_A" "$ENV_B $BIN_B" <<'EOF'
 import json
 import statistics
 import sys
