@@ -185,6 +185,70 @@ TEST(CpuKernels, DotIsIndependentOfChunking) {
   EXPECT_NEAR(cpu::dot(a.data(), b.data(), 1037), ref, 1e-5);
 }
 
+// The lane tree as it is defined (cpu_internal.h), written out in scalars.
+float reduce_lanes_by_definition(const float* lanes) {
+  float t[cpu::kLanes];
+  for (int l = 0; l < cpu::kLanes; ++l) t[l] = lanes[l];
+  for (int width = cpu::kLanes / 2; width >= 1; width /= 2) {
+    for (int l = 0; l < width; ++l) t[l] += t[l + width];
+  }
+  return t[0];
+}
+
+TEST(CpuKernels, ReduceLanesAddsInTheDefinedTree) {
+  std::mt19937 rng(11);
+  // Magnitudes far apart, so that any other order of additions rounds differently.
+  std::uniform_real_distribution<float> mantissa(-1, 1);
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  for (int trial = 0; trial < 1000; ++trial) {
+    float lanes[cpu::kLanes];
+    for (float& l : lanes) l = std::ldexp(mantissa(rng), exponent(rng));
+    const float want = reduce_lanes_by_definition(lanes);
+    const float got = cpu::reduce_lanes(lanes);
+    ASSERT_EQ(std::memcmp(&got, &want, sizeof got), 0) << trial << ": " << got << " vs " << want;
+  }
+}
+
+TEST(CpuKernels, DotRowsReduceEqualsWideningDotAndReduce) {
+  std::mt19937 rng(13);
+  std::uniform_real_distribution<float> mantissa(-1, 1);
+  std::uniform_int_distribution<int> exponent(-12, 12);
+  const auto value = [&] { return std::ldexp(mantissa(rng), exponent(rng)); };
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t k : {1, 5, 31, 32, 33, 64, 100, 256, 1037}) {
+      for (int64_t m_rows = 1; m_rows <= 7; ++m_rows) {
+        SCOPED_TRACE(::testing::Message() << dtype_name(dtype) << " k " << k << " rows " << m_rows);
+        std::vector<float> wf(static_cast<size_t>(k));
+        std::vector<uint16_t> wb(static_cast<size_t>(k));
+        for (int64_t i = 0; i < k; ++i) {
+          wb[i] = f32_to_bf16(value());
+          wf[i] = dtype == DType::kBF16 ? bf16_to_f32(wb[i]) : value();
+        }
+        const int64_t ldx = k + 3;  // rows apart by more than k
+        std::vector<float> x(static_cast<size_t>(m_rows * ldx));
+        for (float& v : x) v = value();
+        const int64_t ldy = 5;
+        std::vector<float> y(static_cast<size_t>(m_rows * ldy), -1.0f);
+        const void* w = dtype == DType::kBF16 ? static_cast<const void*>(wb.data()) : wf.data();
+        cpu::dot_rows_reduce(w, dtype, x.data(), ldx, m_rows, k, y.data(), ldy);
+        for (int64_t m = 0; m < m_rows; ++m) {
+          float lanes[cpu::kLanes] = {};
+          cpu::dot_accumulate(x.data() + m * ldx, wf.data(), k, lanes);
+          const float want = reduce_lanes_by_definition(lanes);
+          ASSERT_EQ(std::memcmp(&y[m * ldy], &want, sizeof want), 0)
+              << "row " << m << ": " << y[m * ldy] << " vs " << want;
+        }
+        // cpu::dot (the attention scores) is the one-row case.
+        float lanes[cpu::kLanes] = {};
+        cpu::dot_accumulate(x.data(), wf.data(), k, lanes);
+        const float want = reduce_lanes_by_definition(lanes);
+        const float got = cpu::dot(x.data(), wf.data(), k);
+        ASSERT_EQ(std::memcmp(&got, &want, sizeof want), 0) << got << " vs " << want;
+      }
+    }
+  }
+}
+
 TEST(CpuBackendRegistry, BackendForCpuIsTheCpuBackend) {
   Backend& b = backend_for(Device::cpu());
   EXPECT_STREQ(b.name(), "cpu");

@@ -60,6 +60,12 @@ inline void dot_accumulate_rows(const float* x, int64_t ldx, int64_t m_rows, con
   for (; m < m_rows; ++m) dot_accumulate(x + m * ldx, b, n, lanes[m]);
 }
 float reduce_lanes(const float* lanes);
+// y[m · ldy] = reduce_lanes(lanes of dot_accumulate(x + m · ldx, to_f32(w), k))
+// for m in [0, m_rows), bit for bit, with the weight row w (k elements, f32 or
+// bf16: dtype) loaded and widened once per three rows and the lanes kept in
+// registers. What linear runs per weight row.
+void dot_rows_reduce(const void* w, DType dtype, const float* x, int64_t ldx, int64_t m_rows,
+                     int64_t k, float* y, int64_t ldy);
 float dot(const float* a, const float* b, int64_t n);
 // y[i] += alpha * x[i].
 void axpy(float alpha, const float* x, float* y, int64_t n);

@@ -115,19 +115,136 @@ SPECULA_CPU_CLONES void dot_accumulate3(const float* a0, const float* a1, const 
   }
 }
 
-float reduce_lanes(const float* lanes) {
-  float t[kLanes];
-  for (int l = 0; l < kLanes; ++l) t[l] = lanes[l];
-  for (int width = kLanes / 2; width >= 1; width /= 2) {
-    for (int l = 0; l < width; ++l) t[l] += t[l + width];
-  }
-  return t[0];
+namespace {
+
+typedef float F4 __attribute__((vector_size(16)));
+
+// The fixed lane tree of reduce_lanes (t[l] += t[l + w] for w = 16, 8, 4, 2,
+// 1) on lanes held as four vectors (lanes 8j .. 8j + 7 in a_j): the same
+// additions of the same operands, so the same bits, without a round trip
+// through memory.
+[[gnu::always_inline]] inline float reduce_vectors(F8 a0, F8 a1, F8 a2, F8 a3) {
+  a0 += a2;  // width 16: lanes 0-7 and 8-15 take 16-23 and 24-31
+  a1 += a3;
+  a0 += a1;  // width 8
+  const F4 lo = __builtin_shufflevector(a0, a0, 0, 1, 2, 3);
+  const F4 hi = __builtin_shufflevector(a0, a0, 4, 5, 6, 7);
+  const F4 s = lo + hi;          // width 4
+  const float t0 = s[0] + s[2];  // width 2
+  const float t1 = s[1] + s[3];
+  return t0 + t1;  // width 1
 }
 
+}  // namespace
+
+SPECULA_CPU_CLONES float reduce_lanes(const float* lanes) {
+  return reduce_vectors(load8(lanes), load8(lanes + 8), load8(lanes + 16), load8(lanes + 24));
+}
+
+namespace {
+
+// Eight weights at w + i as f32: bf16 widened exactly, or f32 as is.
+template <bool kBf16>
+[[gnu::always_inline]] inline F8 load_w8(const void* w, int64_t i) {
+  if constexpr (kBf16) {
+    const U32x8 bits = load8_u16(static_cast<const uint16_t*>(w) + i) << 16;
+    F8 v;
+    std::memcpy(&v, &bits, sizeof v);
+    return v;
+  } else {
+    return load8(static_cast<const float*>(w) + i);
+  }
+}
+
+template <bool kBf16>
+[[gnu::always_inline]] inline float load_w1(const void* w, int64_t i) {
+  if constexpr (kBf16) {
+    return bf16_to_f32(static_cast<const uint16_t*>(w)[i]);
+  } else {
+    return static_cast<const float*>(w)[i];
+  }
+}
+
+// y[m · ldy] = reduce_lanes of the lanes dot_accumulate leaves for x row m
+// (rows ldx apart) against the weight row w of k elements, for M rows at once:
+// every weight vector is loaded (and widened) once for the M rows, and the
+// lanes never leave the registers. Per row, the multiplications, the additions
+// into each lane and the final tree are exactly those of to_f32 +
+// dot_accumulate + reduce_lanes, so the bits are theirs.
+template <int M, bool kBf16>
+[[gnu::always_inline]] inline void dot_rows_reduced(const void* w, const float* x, int64_t ldx,
+                                                    int64_t k, float* y, int64_t ldy) {
+  F8 acc[M][4];
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) {
+    for (int j = 0; j < 4; ++j) acc[m][j] = F8{};
+  }
+  int64_t i = 0;
+  for (; i + kLanes <= k; i += kLanes) {
+    const F8 w0 = load_w8<kBf16>(w, i), w1 = load_w8<kBf16>(w, i + 8),
+             w2 = load_w8<kBf16>(w, i + 16), w3 = load_w8<kBf16>(w, i + 24);
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) {
+      const float* xm = x + m * ldx + i;
+      acc[m][0] += load8(xm) * w0;
+      acc[m][1] += load8(xm + 8) * w1;
+      acc[m][2] += load8(xm + 16) * w2;
+      acc[m][3] += load8(xm + 24) * w3;
+    }
+  }
+  if (i == k) {
+#pragma GCC unroll 4
+    for (int m = 0; m < M; ++m) {
+      y[m * ldy] = reduce_vectors(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+    }
+    return;
+  }
+  // A partial last step: element i + l goes to lane l, as in dot_accumulate.
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m) {
+    float lanes[kLanes];
+    for (int j = 0; j < 4; ++j) store8(lanes + 8 * j, acc[m][j]);
+    for (int64_t e = i; e < k; ++e) lanes[e - i] += x[m * ldx + e] * load_w1<kBf16>(w, e);
+    y[m * ldy] =
+        reduce_vectors(load8(lanes), load8(lanes + 8), load8(lanes + 16), load8(lanes + 24));
+  }
+}
+
+}  // namespace
+
+// Entry points per row count (target_clones needs plain functions; the
+// always-inline body above is compiled into each clone).
+#define SPECULA_DOT_ROWS(M, NAME, BF16)                                                        \
+  SPECULA_CPU_CLONES void NAME(const void* w, const float* x, int64_t ldx, int64_t k, float* y, \
+                               int64_t ldy) {                                                  \
+    dot_rows_reduced<M, BF16>(w, x, ldx, k, y, ldy);                                           \
+  }
+SPECULA_DOT_ROWS(1, dot_rows1_bf16, true)
+SPECULA_DOT_ROWS(2, dot_rows2_bf16, true)
+SPECULA_DOT_ROWS(3, dot_rows3_bf16, true)
+SPECULA_DOT_ROWS(1, dot_rows1_f32, false)
+SPECULA_DOT_ROWS(2, dot_rows2_f32, false)
+SPECULA_DOT_ROWS(3, dot_rows3_f32, false)
+#undef SPECULA_DOT_ROWS
+
 float dot(const float* a, const float* b, int64_t n) {
-  float lanes[kLanes] = {};
-  dot_accumulate(a, b, n, lanes);
-  return reduce_lanes(lanes);
+  float y;
+  dot_rows1_f32(b, a, 0, n, &y, 0);  // a · b lane by lane, as dot_accumulate + reduce_lanes
+  return y;
+}
+
+void dot_rows_reduce(const void* w, DType dtype, const float* x, int64_t ldx, int64_t m_rows,
+                     int64_t k, float* y, int64_t ldy) {
+  const bool bf16 = dtype == DType::kBF16;
+  int64_t m = 0;
+  for (; m + 3 <= m_rows; m += 3) {
+    (bf16 ? dot_rows3_bf16 : dot_rows3_f32)(w, x + m * ldx, ldx, k, y + m * ldy, ldy);
+  }
+  if (m_rows - m == 2) {
+    (bf16 ? dot_rows2_bf16 : dot_rows2_f32)(w, x + m * ldx, ldx, k, y + m * ldy, ldy);
+  } else if (m_rows - m == 1) {
+    (bf16 ? dot_rows1_bf16 : dot_rows1_f32)(w, x + m * ldx, ldx, k, y + m * ldy, ldy);
+  }
 }
 
 SPECULA_CPU_CLONES void axpy(float alpha, const float* x, float* y, int64_t n) {

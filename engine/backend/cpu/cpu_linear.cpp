@@ -23,6 +23,14 @@ void gemv_rows(const float* x, int64_t m_rows, const Tensor& w, float* y) {
   const DType dtype = w.dtype();
   const size_t elt = dtype_size(dtype);
   const auto* base = static_cast<const char*>(w.data());
+  if (dtype == DType::kBF16 || dtype == DType::kF32) {
+    // The same sums with the weights widened in registers (dot_rows_reduce).
+#pragma omp parallel for schedule(static) if (worth_parallel(n * k))
+    for (int64_t r = 0; r < n; ++r) {
+      dot_rows_reduce(base + static_cast<size_t>(r * k) * elt, dtype, x, k, m_rows, k, y + r, n);
+    }
+    return;
+  }
 #pragma omp parallel for schedule(static) if (worth_parallel(n * k))
   for (int64_t r = 0; r < n; ++r) {
     float lanes[kGemvMaxRows][kLanes] = {};
@@ -71,12 +79,7 @@ void dot_rows(const float* x, int64_t m_rows, const Tensor& w, float* y, Scratch
     } else {
       wr = w.data_as<const float>() + r * k;
     }
-    for (int64_t m0 = 0; m0 < m_rows; m0 += kGemvMaxRows) {
-      const int64_t mb = std::min(kGemvMaxRows, m_rows - m0);
-      float lanes[kGemvMaxRows][kLanes] = {};
-      dot_accumulate_rows(x + m0 * k, k, mb, wr, k, lanes);
-      for (int64_t m = 0; m < mb; ++m) y[(m0 + m) * n + r] = reduce_lanes(lanes[m]);
-    }
+    dot_rows_reduce(wr, DType::kF32, x, k, m_rows, k, y + r, n);
   }
 }
 
