@@ -214,10 +214,10 @@ template <int M, bool kBf16>
 
 // Entry points per row count (target_clones needs plain functions; the
 // always-inline body above is compiled into each clone).
-#define SPECULA_DOT_ROWS(M, NAME, BF16)                                                        \
+#define SPECULA_DOT_ROWS(M, NAME, BF16)                                                         \
   SPECULA_CPU_CLONES void NAME(const void* w, const float* x, int64_t ldx, int64_t k, float* y, \
-                               int64_t ldy) {                                                  \
-    dot_rows_reduced<M, BF16>(w, x, ldx, k, y, ldy);                                           \
+                               int64_t ldy) {                                                   \
+    dot_rows_reduced<M, BF16>(w, x, ldx, k, y, ldy);                                            \
   }
 SPECULA_DOT_ROWS(1, dot_rows1_bf16, true)
 SPECULA_DOT_ROWS(2, dot_rows2_bf16, true)
