@@ -59,6 +59,9 @@ struct BenchArgs {
   float top_p = 1.0f;
   int top_k = 0;
   float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
   bool host_sampling = false;  // SPECULA_HOST_SAMPLING=1: logits read back, sampled on the host
   // Dump a preset's config.json and exit.
   std::string print_preset_config, print_assistant_config;
@@ -256,6 +259,9 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
       r.params.top_p = a.top_p;
       r.params.top_k = a.top_k;
       r.params.min_p = a.min_p;
+      r.params.repetition_penalty = a.repetition_penalty;
+      r.params.presence_penalty = a.presence_penalty;
+      r.params.frequency_penalty = a.frequency_penalty;
       r.params.seed = reqs.size();
       r.params.max_tokens = a.gen_tokens;
       reqs.push_back(std::move(r));
@@ -645,6 +651,9 @@ void run_bench(BenchArgs a) {
     sampling.top_p = a.top_p;
     sampling.top_k = a.top_k;
     sampling.min_p = a.min_p;
+    sampling.repetition_penalty = a.repetition_penalty;
+    sampling.presence_penalty = a.presence_penalty;
+    sampling.frequency_penalty = a.frequency_penalty;
     sampling.validate();
   }
   if (a.micro) {
@@ -693,6 +702,9 @@ void run_bench(BenchArgs a) {
     return;
   }
   nlohmann::json rows = decode_table(a, m, a.batches);
+  const bool penalties =
+      a.repetition_penalty != 1.0f || a.presence_penalty != 0.0f || a.frequency_penalty != 0.0f;
+  const bool plain_greedy = a.temperature == 0 && !penalties;
   if (a.json) {
     fmt::print("{}\n", nlohmann::json{{"model", m.model_dir},
                                       {"draft", m.draft_dir},
@@ -702,9 +714,14 @@ void run_bench(BenchArgs a) {
                                         {"top_p", a.top_p},
                                         {"top_k", a.top_k},
                                         {"min_p", a.min_p},
-                                        {"on", a.temperature == 0 ? "greedy"
-                                               : a.host_sampling  ? "host"
-                                                                  : "device"}}},
+                                        {"repetition_penalty", a.repetition_penalty},
+                                        {"presence_penalty", a.presence_penalty},
+                                        {"frequency_penalty", a.frequency_penalty},
+                                        {"on", plain_greedy      ? "greedy"
+                                               : a.host_sampling ? "host"
+                                               : penalties       ? "device (plain rows), host "
+                                                                   "(speculative rows)"
+                                                                 : "device"}}},
                                       {"results", rows}}
                            .dump());
   }
@@ -758,6 +775,15 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--top-k", args->top_k, "Top-k of the end-to-end rows (0: off)")
       ->capture_default_str();
   cmd->add_option("--min-p", args->min_p, "Min-p of the end-to-end rows (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--repetition-penalty", args->repetition_penalty,
+                  "Repetition penalty of the end-to-end rows (1: off)")
+      ->capture_default_str();
+  cmd->add_option("--presence-penalty", args->presence_penalty,
+                  "Presence penalty of the end-to-end rows (0: off)")
+      ->capture_default_str();
+  cmd->add_option("--frequency-penalty", args->frequency_penalty,
+                  "Frequency penalty of the end-to-end rows (0: off)")
       ->capture_default_str();
   cmd->add_flag("--host-sampling", args->host_sampling,
                 "Sample on the host (logits read back every step) instead of on the device, "

@@ -161,6 +161,23 @@ struct SpeculativeAcceptParams {
   Tensor out;        // i32 [R, 2]
 };
 
+// Step 1 of the sampling pipeline (engine/sampling/sampler.h: repetition,
+// presence and frequency penalties) on M rows of logits in place, from the
+// rows' token histories as lists the caller keeps: row m's entries are
+// [row_begin[m], row_begin[m + 1]), one per distinct token of the row's prompt
+// and generated tokens, with its count among the generated ones (0: prompt
+// only). Each listed token's logit x becomes penalised_logit(x, count, ...)
+// (sampler.h), bit for bit as the host sampler computes it; others are left
+// alone. Token ids must lie in [0, V) and be distinct within a row (the CPU
+// checks; device backends skip an id outside [0, V)).
+struct PenaltyRowsParams {
+  Tensor logits;     // f32 [M, V], changed in place
+  Tensor row_begin;  // i32 [M + 1]: 0 = row_begin[0] <= ... <= row_begin[M] <= L
+  Tensor tokens;     // i32 [L]
+  Tensor counts;     // i32 [L], >= 0
+  Tensor penalties;  // f32 [M, 3]: repetition, presence, frequency per row
+};
+
 // A recorded sequence of ops (Backend::begin_capture); owned by the caller, used
 // only with the backend that recorded it.
 class StepGraph {
@@ -321,6 +338,8 @@ class Backend : public MemoryResource {
   virtual void sample_rows(const Tensor& probs, const Tensor& uniforms, const Tensor& out) = 0;
   // See SpeculativeAcceptParams.
   virtual void speculative_accept_rows(const SpeculativeAcceptParams& p) = 0;
+  // See PenaltyRowsParams.
+  virtual void apply_penalties_rows(const PenaltyRowsParams& p) = 0;
   virtual void moe_route(const MoeRouteParams& p) = 0;
   virtual void moe_experts(const MoeExpertsParams& p) = 0;
   // Sizes the backend's own scratch for a model once, so that steady-state steps

@@ -100,6 +100,10 @@ struct SpeculativeAcceptDims {
 };
 SpeculativeAcceptDims check_speculative_accept(const char* op, const SpeculativeAcceptParams& p);
 
+// Checks PenaltyRowsParams' dtypes and shapes; returns {M, V} (the lists
+// are data, checked where they are read).
+SamplingRowsDims check_penalty_rows(const char* op, const PenaltyRowsParams& p);
+
 struct MoeExpertsDims {
   int64_t tokens = 0, hidden = 0, top_k = 0, experts = 0, inter = 0;
 };

@@ -129,6 +129,38 @@ SamplingRowsDims check_process_logits_rows(const char* op, const Tensor& logits,
   return d;
 }
 
+SamplingRowsDims check_penalty_rows(const char* op, const PenaltyRowsParams& p) {
+  check_dtype(op, "logits", p.logits, DType::kF32);
+  check_rank(op, "logits", p.logits, 2);
+  check_dtype(op, "row_begin", p.row_begin, DType::kI32);
+  check_dtype(op, "tokens", p.tokens, DType::kI32);
+  check_dtype(op, "counts", p.counts, DType::kI32);
+  check_dtype(op, "penalties", p.penalties, DType::kF32);
+  const SamplingRowsDims d{.rows = p.logits.dim(0), .vocab = p.logits.dim(1)};
+  if (p.row_begin.shape() != Shape{d.rows + 1}) {
+    fail("{}: row_begin {} must be i32 [{}] (one more than the rows of logits {})", op,
+         p.row_begin.describe(), d.rows + 1, p.logits.describe());
+  }
+  check_rank(op, "tokens", p.tokens, 1);
+  check_same_shape(op, "tokens", p.tokens, "counts", p.counts);
+  if (p.penalties.shape() != Shape{d.rows, 3}) {
+    fail(
+        "{}: penalties {} must be f32 [{}, 3] (repetition, presence, frequency per row of logits "
+        "{})",
+        op, p.penalties.describe(), d.rows, p.logits.describe());
+  }
+  if (d.vocab > std::numeric_limits<int32_t>::max()) {
+    fail("{}: logits {} rows are too long for i32 token ids", op, p.logits.describe());
+  }
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"row_begin", &p.row_begin},
+                                {"tokens", &p.tokens},
+                                {"counts", &p.counts},
+                                {"penalties", &p.penalties}}) {
+    check_no_alias(op, "logits", p.logits, name, *t);
+  }
+  return d;
+}
+
 SamplingRowsDims check_sample_rows(const char* op, const Tensor& probs, const Tensor& uniforms,
                                    const Tensor& out) {
   check_dtype(op, "probs", probs, DType::kF32);

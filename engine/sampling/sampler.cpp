@@ -113,14 +113,9 @@ void SamplingWorkspace::load_penalised(std::span<const float> logits, const Toke
     }
     if (i >= history.num_prompt) ++counts_[t];
   }
-  const float rep = params.repetition_penalty;
   for (int32_t t : touched_) {
-    float x = logits_[t];
-    if (rep != 1.0f && x != kNegInf) x = x > 0.0f ? x / rep : x * rep;
-    if (counts_[t] > 0) {
-      x -= params.presence_penalty + params.frequency_penalty * static_cast<float>(counts_[t]);
-    }
-    logits_[t] = x;
+    logits_[t] = penalised_logit(logits_[t], counts_[t], params.repetition_penalty,
+                                 params.presence_penalty, params.frequency_penalty);
     seen_[t] = 0;
     counts_[t] = 0;
   }

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -81,6 +82,19 @@ class SamplingWorkspace {
   std::vector<uint8_t> seen_;     // u8 [V] token-seen flags (zero between calls)
   std::vector<int32_t> touched_;  // distinct tokens of the history
 };
+
+// Step 1 for one token the history holds: its logit x after the repetition
+// penalty (a seen token; -inf stays -inf) and, when it was generated
+// `generated` (> 0) times, the presence and frequency penalties. The one
+// definition the host pipeline and Backend::apply_penalties_rows share.
+inline float penalised_logit(float x, int32_t generated, float repetition, float presence,
+                             float frequency) {
+  if (repetition != 1.0f && x != -std::numeric_limits<float>::infinity()) {
+    x = x > 0.0f ? x / repetition : x * repetition;
+  }
+  if (generated > 0) x -= presence + frequency * static_cast<float>(generated);
+  return x;
+}
 
 // Runs the pipeline above and returns the distribution (a view of ws.probs(),
 // valid until the next call on `ws`). logits: f32 [V] with V = ws.vocab_size().

@@ -164,6 +164,75 @@ struct DeviceRounds {
     be.upload_async(host_uniforms.data(), uniforms_slice(0, sample_rows()));
     be.upload_async(host_params.data(), params_slice(0, sample_rows()));
   }
+
+  // Penalties on the device (plain decoding: every window row's history is
+  // one the host holds): each window row's list of distinct history tokens and
+  // generated counts (PenaltyRowsParams), rebuilt from the history each step,
+  // for up to `entries` entries in all. Allocated once, like the rest.
+  DeviceBuffer pen_begin, pen_tokens, pen_counts, pen_params;
+  std::vector<int32_t> host_pen_begin, host_pen_tokens, host_pen_counts;
+  std::vector<float> host_pen_params;
+  std::vector<int32_t> pen_slot;  // [V]: 1 + a token's entry in the row being staged, or 0
+  int64_t pen_rows = 0;
+  void enable_penalties(Backend& be, int64_t entries) {
+    const auto rows = static_cast<size_t>(verify_cap());
+    pen_begin = DeviceBuffer(be, (rows + 1) * sizeof(int32_t));
+    pen_tokens = DeviceBuffer(be, static_cast<size_t>(entries) * sizeof(int32_t));
+    pen_counts = DeviceBuffer(be, static_cast<size_t>(entries) * sizeof(int32_t));
+    pen_params = DeviceBuffer(be, rows * 3 * sizeof(float));
+    host_pen_begin.assign(rows + 1, 0);
+    host_pen_tokens.resize(static_cast<size_t>(entries));
+    host_pen_counts.resize(static_cast<size_t>(entries));
+    host_pen_params.resize(rows * 3);
+    pen_slot.assign(static_cast<size_t>(V), 0);
+  }
+  bool penalties() const { return !pen_slot.empty(); }
+  // Appends the next window row's list: `history`'s distinct tokens, counted
+  // past its prompt, under p's penalties (none: an empty list).
+  void stage_penalties(const TokenHistory& history, const SamplingParams& p) {
+    const int32_t start = host_pen_begin[static_cast<size_t>(pen_rows)];
+    int32_t n = start;
+    if (p.has_penalties()) {
+      const auto cap = static_cast<int32_t>(host_pen_tokens.size());
+      for (size_t i = 0; i < history.tokens.size(); ++i) {
+        const int32_t t = history.tokens[i];
+        int32_t& slot = pen_slot[static_cast<size_t>(t)];
+        if (slot == 0) {
+          SPECULA_CHECK(n < cap, "penalty lists outgrew their {} entries", cap);
+          host_pen_tokens[static_cast<size_t>(n)] = t;
+          host_pen_counts[static_cast<size_t>(n)] = 0;
+          slot = ++n - start;
+        }
+        if (i >= history.num_prompt) ++host_pen_counts[static_cast<size_t>(start + slot - 1)];
+      }
+      for (int32_t e = start; e < n; ++e) pen_slot[static_cast<size_t>(host_pen_tokens[e])] = 0;
+    }
+    float* pen = host_pen_params.data() + pen_rows * 3;
+    pen[0] = p.has_penalties() ? p.repetition_penalty : 1.0f;
+    pen[1] = p.has_penalties() ? p.presence_penalty : 0.0f;
+    pen[2] = p.has_penalties() ? p.frequency_penalty : 0.0f;
+    host_pen_begin[static_cast<size_t>(++pen_rows)] = n;
+  }
+  // The staged lists, queued for upload; the next round stages anew.
+  void upload_penalties(Backend& be) {
+    const int64_t entries = host_pen_begin[static_cast<size_t>(pen_rows)];
+    be.upload_async(host_pen_begin.data(), pen_begin.view(DType::kI32, {pen_rows + 1}));
+    if (entries > 0) {
+      be.upload_async(host_pen_tokens.data(), pen_tokens.view(DType::kI32, {entries}));
+      be.upload_async(host_pen_counts.data(), pen_counts.view(DType::kI32, {entries}));
+    }
+    be.upload_async(host_pen_params.data(), pen_params.view(DType::kF32, {pen_rows, 3}));
+  }
+  PenaltyRowsParams penalty_rows(const Tensor& logits) const {
+    const int64_t entries = host_pen_begin[static_cast<size_t>(pen_rows)];
+    SPECULA_CHECK(logits.dim(0) == pen_rows, "{} window rows, {} penalty lists", logits.dim(0),
+                  pen_rows);
+    return {.logits = logits,
+            .row_begin = pen_begin.view(DType::kI32, {pen_rows + 1}),
+            .tokens = pen_tokens.view(DType::kI32, {entries}),
+            .counts = pen_counts.view(DType::kI32, {entries}),
+            .penalties = pen_params.view(DType::kF32, {pen_rows, 3})};
+  }
 };
 
 RowSampling row_sampling_of(const SamplingParams& p) {
@@ -243,13 +312,22 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       drafter == nullptr || (drafter->takes_device_inputs() && !host_rounds);
   // Rows without penalties, some sampled: the whole pipeline (p, q, sampling,
   // acceptance) runs on the backend, and a round reads back its token ids once.
-  const bool device_sampling =
-      !device_greedy && device_drafter && !env_on("SPECULA_HOST_SAMPLING") &&
-      std::none_of(requests.begin(), requests.end(),
-                   [](const DecodeRequest& r) { return r.params.has_penalties(); });
+  // Rows with penalties join them without a drafter: then every window row's
+  // history is one the host holds (with one, the drafts' would be on the device).
+  const bool any_penalties =
+      std::any_of(requests.begin(), requests.end(),
+                  [](const DecodeRequest& r) { return r.params.has_penalties(); });
+  const bool device_sampling = !device_greedy && device_drafter &&
+                               !env_on("SPECULA_HOST_SAMPLING") &&
+                               (drafter == nullptr || !any_penalties);
   std::optional<DeviceRounds> dev;
   if ((device_greedy && drafter && device_drafter) || device_sampling)
     dev.emplace(be, static_cast<int64_t>(rows.size()), max_k, H, V, device_sampling);
+  if (device_sampling && any_penalties) {
+    int64_t entries = 0;
+    for (const Row& r : rows) entries += static_cast<int64_t>(r.history.capacity());
+    dev->enable_penalties(be, entries);
+  }
   // Host sampling keeps each sampled row's draft distributions q.
   for (Row& r : rows) {
     if (drafter && !device_sampling && !r.request->params.greedy())
@@ -261,6 +339,7 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
   auto device_accept = [&](const Tensor& logits, const Tensor& tokens, int64_t n_rows) {
     DeviceRounds& d = *dev;
     const int64_t window = logits.dim(0);
+    if (d.penalties()) be.apply_penalties_rows(d.penalty_rows(logits));
     be.process_logits_rows(logits, d.params_slice(d.window_at(), window), logits);
     be.speculative_accept_rows({.p = logits,
                                 .q = d.q_all(),
@@ -351,12 +430,15 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       const int64_t n = static_cast<int64_t>(rows.size());
       int32_t* row_begin = d.host_idx.data() + d.row_begin_at();
       for (int64_t i = 0; i <= n; ++i) row_begin[i] = static_cast<int32_t>(i);
+      d.pen_rows = 0;
       for (int64_t i = 0; i < n; ++i) {
         Row& r = rows[static_cast<size_t>(i)];
         d.stage_sample(d.window_at() + i, r.rng, row_sampling_of(r.request->params));
+        if (d.penalties()) d.stage_penalties(history_of(r), r.request->params);
       }
       be.upload_async(d.host_idx.data(), d.idx_slice(0, d.idx_size()));
       d.upload_sampling(be);
+      if (d.penalties()) d.upload_penalties(be);
       device_accept(out.logits, d.ids_slice(0, n), n);
       be.download(d.accepted(n), d.host_ids.data());
       prefill_sampled = d.host_ids.data();  // {accepted = 0, token} per prompt
@@ -437,6 +519,7 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       int32_t* token_idx = verify_idx + d.verify_cap();  // [max_k, B]
       row_slots.assign(active.size() * static_cast<size_t>(max_k), -1);
       step_rows.assign(static_cast<size_t>(round_k), 0);
+      d.pen_rows = 0;
       for (int s = 0; s < round_k; ++s) {
         int32_t n = 0;
         for (size_t a = 0; a < active.size(); ++a) {
@@ -478,12 +561,16 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
                 rs);
           }
           for (int64_t w = row_begin[a]; w < m; ++w) d.stage_sample(d.window_at() + w, r.rng, rs);
+          // No drafts here (penalties need no drafter): one window row, whose
+          // history is the row's.
+          if (d.penalties()) d.stage_penalties(history_of(r), r.request->params);
         }
       }
       row_begin[active.size()] = static_cast<int32_t>(m);
       be.upload_async(d.host_pending.data(), d.ids_slice(0, static_cast<int64_t>(active.size())));
       be.upload_async(d.host_idx.data(), d.idx_slice(0, d.idx_size()));
       if (d.sampling) d.upload_sampling(be);
+      if (d.penalties()) d.upload_penalties(be);
     }
 
     // Draft: step s runs the rows whose draft length exceeds s.

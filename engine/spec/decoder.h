@@ -28,7 +28,11 @@
 // row (one per draft, then one per window row: the accept tests and, last, the
 // replacement or bonus token), and the host path draws the same ones in the
 // same order, so one seed gives the same tokens either way (up to an ulp of
-// the device's p and q). Rows with penalties sample on the host; set
+// the device's p and q). Without a drafter, rows with penalties (greedy or
+// not) sample there as well: each step uploads every row's distinct history
+// tokens and generated counts, and Backend::apply_penalties_rows applies
+// them before process_logits_rows. With a drafter, rows with penalties sample
+// on the host (the drafts' histories are on the device). Set
 // SPECULA_HOST_SAMPLING=1 to sample every row there (for A/B runs).
 #pragma once
 

@@ -106,6 +106,41 @@ std::vector<double> exact_second_token(gemma4::Gemma4Model& target,
   return marginal;
 }
 
+// Without a drafter, rows with penalties sample on the device too
+// (apply_penalties_rows): the same tokens as the host path, one readback per
+// step.
+TEST(CudaDeviceSamplingPenalties, SameTokensAsHostSampling) {
+  SKIP_WITHOUT_CUDA();
+  if (!have("e2b_like")) GTEST_SKIP();
+  auto target = gemma4::Gemma4Model::load(golden("e2b_like"), on_cuda());
+  const int vocab = target->config().vocab_size;
+  constexpr int kTokens = 20;
+  for (int batch : {1, 3, 8}) {
+    auto reqs = testing::sampled_requests(batch, vocab, kTokens);
+    for (int i = 0; i < batch; ++i) {
+      SamplingParams& p = reqs[static_cast<size_t>(i)].params;
+      p.stop_token_ids.clear();
+      if (i % 3 == 1) continue;
+      if (i % 2 == 0) p.temperature = 0.0f;
+      p.repetition_penalty = 1.0f + 0.25f * static_cast<float>(1 + i % 3);
+      p.presence_penalty = 0.5f;
+      p.frequency_penalty = 0.75f;
+    }
+    std::vector<spec::DecodeResult> host;
+    {
+      const testing::ScopedEnv env("SPECULA_HOST_SAMPLING", true);
+      host = spec::decode(*target, nullptr, reqs, {});
+    }
+    const int64_t before = target->backend().readback_count();
+    const auto device = spec::decode(*target, nullptr, reqs, {});
+    EXPECT_EQ(target->backend().readback_count() - before, kTokens) << "batch " << batch;
+    for (int b = 0; b < batch; ++b) {
+      ASSERT_EQ(device[static_cast<size_t>(b)].tokens, host[static_cast<size_t>(b)].tokens)
+          << "batch " << batch << " row " << b;
+    }
+  }
+}
+
 TEST(CudaDeviceSamplingDistribution, SecondTokenFollowsTheTargetDistribution) {
   SKIP_WITHOUT_CUDA();
   if (!have("e2b_like") || !have("e2b_like_assistant")) GTEST_SKIP();

@@ -309,5 +309,68 @@ TEST(CudaSampling, SpeculativeAcceptRowsMatchesTheHostRule) {
   }
 }
 
+// apply_penalties_rows on the GPU gives the CPU's (the host sampler's)
+// penalised logits bit for bit: distinct tokens per row, prompt-only and
+// generated ones, repetition above and below 1, -inf and zero logits, an empty
+// list, the same token in two rows; at V = 1,000 and 262,144.
+TEST(CudaSampling, ApplyPenaltiesRowsMatchesTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  for (int64_t vocab : {int64_t{1000}, int64_t{262144}}) {
+    constexpr int64_t kRows = 5;
+    Twin logits(DType::kF32, {kRows, vocab});
+    logits.randomize(31 + static_cast<uint64_t>(vocab), -6.0f, 6.0f);
+    float* lg = logits.host.data<float>();
+    lg[0 * vocab + 3] = -std::numeric_limits<float>::infinity();
+    lg[2 * vocab + 4] = 0.0f;
+    logits.push();
+    Rng rng(5);
+    std::vector<int32_t> begin = {0}, tokens, counts;
+    for (int64_t m = 0; m < kRows; ++m) {
+      const int64_t n = m == 1 ? 0 : 50 + 97 * m;  // row 1: no entries
+      std::vector<int32_t> row;
+      if (m != 1) row = {3, 4};  // shared by rows, and the crafted logits above
+      while (static_cast<int64_t>(row.size()) < n) {
+        const auto t = static_cast<int32_t>(rng.uniform() * static_cast<double>(vocab));
+        if (std::find(row.begin(), row.end(), t) == row.end()) row.push_back(t);
+      }
+      for (int32_t t : row) {
+        tokens.push_back(t);
+        counts.push_back(static_cast<int32_t>(rng.uniform() * 6.0));  // 0: prompt only
+      }
+      begin.push_back(static_cast<int32_t>(tokens.size()));
+    }
+    const std::vector<float> pen = {1.3f,  0.5f, 0.75f, 1.0f, 0.0f, 0.0f, 0.8f, -0.5f,
+                                    1.25f, 1.5f, 0.0f,  0.0f, 1.1f, 2.0f, -2.0f};
+    Twin b(DType::kI32, {kRows + 1}), t(DType::kI32, {static_cast<int64_t>(tokens.size())}),
+        c(DType::kI32, {static_cast<int64_t>(counts.size())}), p(DType::kF32, {kRows, 3});
+    std::memcpy(b.host.view().data(), begin.data(), begin.size() * sizeof(int32_t));
+    std::memcpy(t.host.view().data(), tokens.data(), tokens.size() * sizeof(int32_t));
+    std::memcpy(c.host.view().data(), counts.data(), counts.size() * sizeof(int32_t));
+    std::memcpy(p.host.view().data(), pen.data(), pen.size() * sizeof(float));
+    b.push();
+    t.push();
+    c.push();
+    p.push();
+    gpu_be().apply_penalties_rows({.logits = logits.dev,
+                                   .row_begin = b.dev,
+                                   .tokens = t.dev,
+                                   .counts = c.dev,
+                                   .penalties = p.dev});
+    cpu_be().apply_penalties_rows({.logits = logits.host,
+                                   .row_begin = b.host,
+                                   .tokens = t.host,
+                                   .counts = c.host,
+                                   .penalties = p.host});
+    const HostTensor got = logits.pull();
+    const auto* g = got.data<float>();
+    const auto* w = logits.host.data<float>();
+    for (int64_t i = 0; i < kRows * vocab; ++i) {
+      ASSERT_EQ(std::memcmp(&g[i], &w[i], sizeof(float)), 0)
+          << "V " << vocab << " row " << i / vocab << " token " << i % vocab << ": " << g[i]
+          << " vs " << w[i];
+    }
+  }
+}
+
 }  // namespace
 }  // namespace specula::test

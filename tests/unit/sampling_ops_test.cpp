@@ -5,6 +5,7 @@
 // input is an Error naming the row or the field.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -196,6 +197,105 @@ TEST(SamplingOps, SpeculativeAcceptRowsFollowsTheHostRule) {
   bad.q_rows = good_q_rows;
   bad.row_begin = short_begin;
   EXPECT_THROW(cpu().speculative_accept_rows(bad), Error);
+}
+
+HostTensor f32_tensor(const std::vector<float>& v, Shape shape) {
+  HostTensor t(DType::kF32, shape);
+  std::memcpy(t.view().data(), v.data(), v.size() * sizeof(float));
+  return t;
+}
+
+// apply_penalties_rows with lists built from histories gives each row the
+// host pipeline's penalised logits bit for bit (process_logits' step 1, read
+// back through SamplingWorkspace::penalised_logits), -inf logits included.
+TEST(SamplingOps, ApplyPenaltiesRowsIsTheHostPenaltyStep) {
+  struct Row {
+    std::vector<int32_t> history;
+    size_t num_prompt;
+    float repetition, presence, frequency;
+  };
+  const std::vector<Row> rows = {
+      {{5, 9, 5, 17, 9, 9, 2}, 3, 1.3f, 0.5f, 0.75f},  // prompt and generated repeats
+      {{1, 2, 3}, 3, 1.0f, 0.0f, 0.0f},                // no penalties: an empty list
+      {{7, 7, 7, 7}, 1, 0.8f, -0.5f, 1.25f},           // repetition < 1, negative presence
+      {{4, 11}, 0, 1.5f, 0.0f, 0.0f},                  // all generated, repetition only
+  };
+  const auto n = static_cast<int64_t>(rows.size());
+  HostTensor logits(DType::kF32, {n, kVocab});
+  cpu().fill_uniform(logits, 3, -4.0f, 4.0f);
+  logits.data<float>()[0 * kVocab + 9] = -std::numeric_limits<float>::infinity();
+  logits.data<float>()[2 * kVocab + 7] = 0.0f;
+  std::vector<int32_t> begin = {0}, tokens, counts;
+  std::vector<float> penalties;
+  for (const Row& r : rows) {
+    const bool on = r.repetition != 1.0f || r.presence != 0.0f || r.frequency != 0.0f;
+    for (size_t i = 0; on && i < r.history.size(); ++i) {
+      const auto it = std::find(tokens.begin() + begin.back(), tokens.end(), r.history[i]);
+      size_t e = static_cast<size_t>(it - tokens.begin());
+      if (it == tokens.end()) {
+        tokens.push_back(r.history[i]);
+        counts.push_back(0);
+      }
+      if (i >= r.num_prompt) ++counts[e];
+    }
+    begin.push_back(static_cast<int32_t>(tokens.size()));
+    penalties.insert(penalties.end(), {r.repetition, r.presence, r.frequency});
+  }
+  HostTensor want_source(DType::kF32, logits.shape());
+  std::memcpy(want_source.view().data(), logits.view().data(), logits.view().nbytes());
+  const HostTensor b = i32_tensor(begin), t = i32_tensor(tokens), c = i32_tensor(counts);
+  const HostTensor pen = f32_tensor(penalties, {n, 3});
+  cpu().apply_penalties_rows(
+      {.logits = logits, .row_begin = b, .tokens = t, .counts = c, .penalties = pen});
+  SamplingWorkspace ws(kVocab);
+  for (int64_t m = 0; m < n; ++m) {
+    const Row& r = rows[static_cast<size_t>(m)];
+    SamplingParams p;
+    p.temperature = 1.0f;
+    p.repetition_penalty = r.repetition;
+    p.presence_penalty = r.presence;
+    p.frequency_penalty = r.frequency;
+    process_logits(row_of(want_source, m), {.tokens = r.history, .num_prompt = r.num_prompt}, p,
+                   ws);
+    const auto want = ws.penalised_logits();
+    const auto got = row_of(logits, m);
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size_bytes()), 0) << "row " << m;
+  }
+  EXPECT_NE(std::memcmp(logits.view().data(), want_source.view().data(), logits.view().nbytes()),
+            0);
+}
+
+TEST(SamplingOps, ApplyPenaltiesRowsRejectsBadListsNamingTheEntry) {
+  HostTensor logits(DType::kF32, {2, kVocab});
+  cpu().fill_uniform(logits, 4, -1.0f, 1.0f);
+  HostTensor before(DType::kF32, logits.shape());
+  std::memcpy(before.view().data(), logits.view().data(), logits.view().nbytes());
+  const HostTensor pen = f32_tensor({1.2f, 0.1f, 0.2f, 1.2f, 0.1f, 0.2f}, {2, 3});
+  const auto expect_error = [&](const std::vector<int32_t>& begin,
+                                const std::vector<int32_t>& tokens,
+                                const std::vector<int32_t>& counts, const std::string& needle) {
+    const HostTensor b = i32_tensor(begin), t = i32_tensor(tokens), c = i32_tensor(counts);
+    try {
+      cpu().apply_penalties_rows(
+          {.logits = logits, .row_begin = b, .tokens = t, .counts = c, .penalties = pen});
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    // Nothing changed: every entry is checked before any logit is.
+    EXPECT_EQ(std::memcmp(logits.view().data(), before.view().data(), logits.view().nbytes()), 0)
+        << needle;
+  };
+  expect_error({0, 1, 3}, {4, 5, kVocab}, {0, 1, 0}, "tokens[2] = 300");
+  expect_error({0, 2, 3}, {4, 4, 6}, {0, 1, 0}, "is listed twice");
+  expect_error({0, 1, 2}, {4, 5}, {0, -1}, "negative count");
+  expect_error({0, 2, 1}, {4, 5}, {0, 1}, "row_begin[2] = 1");
+  expect_error({1, 1, 2}, {4, 5}, {0, 1}, "row_begin[0] = 1");
+  expect_error({0, 2}, {4, 5}, {0, 1}, "row_begin");  // one entry short of M + 1
+  // The same token in two rows is fine (lists are per row).
+  const HostTensor b = i32_tensor({0, 1, 2}), t = i32_tensor({4, 4}), c = i32_tensor({1, 1});
+  EXPECT_NO_THROW(cpu().apply_penalties_rows(
+      {.logits = logits, .row_begin = b, .tokens = t, .counts = c, .penalties = pen}));
 }
 
 }  // namespace

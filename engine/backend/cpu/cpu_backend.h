@@ -70,6 +70,7 @@ class CpuBackend final : public Backend {
                            const Tensor& probs) override;
   void sample_rows(const Tensor& probs, const Tensor& uniforms, const Tensor& out) override;
   void speculative_accept_rows(const SpeculativeAcceptParams& p) override;
+  void apply_penalties_rows(const PenaltyRowsParams& p) override;
   void moe_route(const MoeRouteParams& p) override;
   void moe_experts(const MoeExpertsParams& p) override;
   void copy(const Tensor& src, const Tensor& dst) override;

@@ -146,4 +146,59 @@ void CpuBackend::speculative_accept_rows(const SpeculativeAcceptParams& p) {
   }
 }
 
+void CpuBackend::apply_penalties_rows(const PenaltyRowsParams& p) {
+  constexpr const char* kOp = "apply_penalties_rows";
+  cpu::check_host(kOp, "logits", p.logits);
+  cpu::check_host(kOp, "row_begin", p.row_begin);
+  cpu::check_host(kOp, "tokens", p.tokens);
+  cpu::check_host(kOp, "counts", p.counts);
+  cpu::check_host(kOp, "penalties", p.penalties);
+  const ops::SamplingRowsDims d = ops::check_penalty_rows(kOp, p);
+  const auto* begin = p.row_begin.data_as<const int32_t>();
+  const auto* tokens = p.tokens.data_as<const int32_t>();
+  const auto* counts = p.counts.data_as<const int32_t>();
+  const auto* pen = p.penalties.data_as<const float>();
+  const int64_t entries = p.tokens.dim(0);
+  if (begin[0] != 0) fail("{}: row_begin[0] = {}, want 0", kOp, begin[0]);
+  for (int64_t m = 0; m < d.rows; ++m) {
+    if (begin[m + 1] < begin[m] || begin[m + 1] > entries) {
+      fail("{}: row_begin[{}] = {} must lie in [row_begin[{}] = {}, {}] (tokens {})", kOp, m + 1,
+           begin[m + 1], m, begin[m], entries, p.tokens.describe());
+    }
+  }
+  // Every entry is checked before any logit changes. Distinctness within a
+  // row: marks set for the row, then cleared again (kept per thread, so that
+  // steady-state calls allocate nothing).
+  thread_local std::vector<uint8_t> seen;
+  if (seen.size() < static_cast<size_t>(d.vocab)) seen.assign(static_cast<size_t>(d.vocab), 0);
+  const auto clear_marks = [&](int32_t from, int32_t to) {
+    for (int32_t e = from; e < to; ++e) {
+      if (tokens[e] >= 0 && tokens[e] < d.vocab) seen[static_cast<size_t>(tokens[e])] = 0;
+    }
+  };
+  for (int64_t m = 0; m < d.rows; ++m) {
+    for (int32_t e = begin[m]; e < begin[m + 1]; ++e) {
+      const int32_t t = tokens[e];
+      const char* problem = t < 0 || t >= d.vocab               ? "is outside the vocabulary"
+                            : counts[e] < 0                     ? "has a negative count"
+                            : seen[static_cast<size_t>(t)] != 0 ? "is listed twice"
+                                                                : nullptr;
+      if (problem != nullptr) {
+        clear_marks(begin[m], e);
+        fail("{}: tokens[{}] = {} (row {}, counts[{}] = {}) {} (vocabulary [0, {}))", kOp, e, t, m,
+             e, counts[e], problem, d.vocab);
+      }
+      seen[static_cast<size_t>(t)] = 1;
+    }
+    clear_marks(begin[m], begin[m + 1]);
+  }
+  for (int64_t m = 0; m < d.rows; ++m) {
+    float* row = p.logits.data_as<float>() + m * d.vocab;
+    for (int32_t e = begin[m]; e < begin[m + 1]; ++e) {
+      float& x = row[tokens[e]];
+      x = penalised_logit(x, counts[e], pen[m * 3], pen[m * 3 + 1], pen[m * 3 + 2]);
+    }
+  }
+}
+
 }  // namespace specula

@@ -109,6 +109,7 @@ class CudaBackend final : public Backend {
                            const Tensor& probs) override;
   void sample_rows(const Tensor& probs, const Tensor& uniforms, const Tensor& out) override;
   void speculative_accept_rows(const SpeculativeAcceptParams& p) override;
+  void apply_penalties_rows(const PenaltyRowsParams& p) override;
 
   // ---- mixture of experts (cuda_moe.cu) ----
   void moe_route(const MoeRouteParams& p) override;

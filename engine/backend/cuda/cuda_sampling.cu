@@ -693,4 +693,54 @@ void CudaBackend::speculative_accept_rows(const SpeculativeAcceptParams& p) {
   check_cuda(cudaGetLastError(), "speculative_accept_kernel");
 }
 
+namespace {
+
+// Row blockIdx.x of apply_penalties_rows: its threads take the row's entries
+// in turn (distinct tokens, so no two touch one logit). penalised_logit
+// (sampler.h) with every operation rounded as the host's: explicit IEEE
+// intrinsics, so nvcc cannot contract x · y + z into an fma.
+__global__ void __launch_bounds__(kThreads)
+    apply_penalties_kernel(float* __restrict__ logits, const int32_t* __restrict__ row_begin,
+                           const int32_t* __restrict__ tokens, const int32_t* __restrict__ counts,
+                           const float* __restrict__ penalties, int64_t vocab) {
+  const int64_t m = blockIdx.x;
+  const float repetition = penalties[m * 3];
+  const float presence = penalties[m * 3 + 1];
+  const float frequency = penalties[m * 3 + 2];
+  float* row = logits + m * vocab;
+  for (int32_t e = row_begin[m] + static_cast<int32_t>(threadIdx.x); e < row_begin[m + 1];
+       e += kThreads) {
+    const int32_t t = tokens[e];
+    if (t < 0 || t >= vocab) continue;  // the contract: device backends skip it
+    float x = row[t];
+    if (repetition != 1.0f && x != -INFINITY) {
+      x = x > 0.0f ? __fdiv_rn(x, repetition) : __fmul_rn(x, repetition);
+    }
+    if (counts[e] > 0) {
+      x = __fsub_rn(x, __fadd_rn(presence, __fmul_rn(frequency, static_cast<float>(counts[e]))));
+    }
+    row[t] = x;
+  }
+}
+
+}  // namespace
+
+void CudaBackend::apply_penalties_rows(const PenaltyRowsParams& p) {
+  OpTimer timer(*this, "apply_penalties_rows");
+  constexpr const char* kOp = "apply_penalties_rows";
+  check_on(*this, kOp, "logits", p.logits);
+  check_on(*this, kOp, "row_begin", p.row_begin);
+  check_on(*this, kOp, "tokens", p.tokens);
+  check_on(*this, kOp, "counts", p.counts);
+  check_on(*this, kOp, "penalties", p.penalties);
+  const ops::SamplingRowsDims d = ops::check_penalty_rows(kOp, p);
+  if (d.rows == 0) return;
+  if (d.rows > std::numeric_limits<int32_t>::max()) fail("{}: too many rows", kOp);
+  apply_penalties_kernel<<<static_cast<unsigned>(d.rows), kThreads, 0, stream()>>>(
+      p.logits.data_as<float>(), p.row_begin.data_as<const int32_t>(),
+      p.tokens.data_as<const int32_t>(), p.counts.data_as<const int32_t>(),
+      p.penalties.data_as<const float>(), d.vocab);
+  check_cuda(cudaGetLastError(), "apply_penalties_kernel");
+}
+
 }  // namespace specula::cuda

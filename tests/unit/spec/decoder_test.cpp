@@ -391,5 +391,53 @@ TEST(DeviceSampling, GreedyRowsInASampledBatchKeepTheirTokens) {
   }
 }
 
+// Without a drafter, rows with penalties (repetition, presence, frequency;
+// greedy or sampled, beside rows without) sample on the backend too
+// (apply_penalties_rows from the host's history lists): the same tokens as the
+// host path, with one readback per step (the CPU backend's host path reads no
+// logits back), and the penalties change what is emitted.
+TEST(DeviceSampling, PenaltiesWithoutADrafterMatchTheHost) {
+  if (!testing::golden_exists("e2b_like")) GTEST_SKIP();
+  auto target = gemma4::Gemma4Model::load(golden_dir("e2b_like"));
+  const int vocab = target->config().vocab_size;
+  constexpr int kTokens = 24;
+  for (int batch : {1, 3, 8}) {
+    auto reqs = testing::sampled_requests(batch, vocab, kTokens);
+    for (int i = 0; i < batch; ++i) {
+      SamplingParams& p = reqs[static_cast<size_t>(i)].params;
+      p.stop_token_ids.clear();              // every row runs the whole length
+      if (i % 3 == 1) continue;              // a row without penalties beside them
+      if (i % 2 == 0) p.temperature = 0.0f;  // greedy with penalties
+      p.repetition_penalty = 1.0f + 0.25f * static_cast<float>(1 + i % 3);
+      p.presence_penalty = 0.5f;
+      p.frequency_penalty = 0.75f;
+    }
+    std::vector<spec::DecodeResult> host;
+    {
+      const testing::ScopedEnv env("SPECULA_HOST_SAMPLING", true);
+      host = spec::decode(*target, nullptr, reqs, {});
+    }
+    const int64_t before = target->backend().readback_count();
+    const auto device = spec::decode(*target, nullptr, reqs, {});
+    EXPECT_EQ(target->backend().readback_count() - before, kTokens)
+        << "batch " << batch << ": one readback per step (the prefill's and " << kTokens - 1
+        << " more)";
+    bool penalties_mattered = false;
+    for (int b = 0; b < batch; ++b) {
+      const auto i = static_cast<size_t>(b);
+      ASSERT_EQ(device[i].tokens, host[i].tokens) << "batch " << batch << " row " << b;
+      ASSERT_EQ(device[i].tokens.size(), static_cast<size_t>(kTokens));
+      if (reqs[i].params.has_penalties()) {
+        spec::DecodeRequest plain = reqs[i];
+        plain.params.repetition_penalty = 1.0f;
+        plain.params.presence_penalty = plain.params.frequency_penalty = 0.0f;
+        const auto unpenalised = spec::decode(*target, nullptr, std::span(&plain, 1), {});
+        penalties_mattered |= unpenalised[0].tokens != device[i].tokens;
+      }
+    }
+    EXPECT_TRUE(penalties_mattered) << "batch " << batch << ": the penalties changed no token";
+  }
+}
+
 }  // namespace
 }  // namespace specula
