@@ -208,9 +208,9 @@ struct DeviceRounds {
       for (int32_t e = start; e < n; ++e) pen_slot[static_cast<size_t>(host_pen_tokens[e])] = 0;
     }
     float* pen = host_pen_params.data() + pen_rows * 3;
-    pen[0] = p.has_penalties() ? p.repetition_penalty : 1.0f;
-    pen[1] = p.has_penalties() ? p.presence_penalty : 0.0f;
-    pen[2] = p.has_penalties() ? p.frequency_penalty : 0.0f;
+    pen[0] = p.repetition_penalty;  // without penalties: 1, 0, 0 (and an empty list)
+    pen[1] = p.presence_penalty;
+    pen[2] = p.frequency_penalty;
     host_pen_begin[static_cast<size_t>(++pen_rows)] = n;
   }
   // The staged lists, queued for upload; the next round stages anew.

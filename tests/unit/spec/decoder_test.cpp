@@ -402,16 +402,7 @@ TEST(DeviceSampling, PenaltiesWithoutADrafterMatchTheHost) {
   const int vocab = target->config().vocab_size;
   constexpr int kTokens = 24;
   for (int batch : {1, 3, 8}) {
-    auto reqs = testing::sampled_requests(batch, vocab, kTokens);
-    for (int i = 0; i < batch; ++i) {
-      SamplingParams& p = reqs[static_cast<size_t>(i)].params;
-      p.stop_token_ids.clear();              // every row runs the whole length
-      if (i % 3 == 1) continue;              // a row without penalties beside them
-      if (i % 2 == 0) p.temperature = 0.0f;  // greedy with penalties
-      p.repetition_penalty = 1.0f + 0.25f * static_cast<float>(1 + i % 3);
-      p.presence_penalty = 0.5f;
-      p.frequency_penalty = 0.75f;
-    }
+    const auto reqs = testing::penalised_requests(batch, vocab, kTokens);
     std::vector<spec::DecodeResult> host;
     {
       const testing::ScopedEnv env("SPECULA_HOST_SAMPLING", true);

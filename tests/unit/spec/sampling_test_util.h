@@ -68,6 +68,23 @@ inline std::vector<spec::DecodeRequest> sampled_requests(int n, int vocab, int m
   return reqs;
 }
 
+// sampled_requests with repetition, presence and frequency penalties on two
+// rows of three (greedy or sampled), none on the rest, and no stop tokens, so
+// every row runs all max_tokens.
+inline std::vector<spec::DecodeRequest> penalised_requests(int n, int vocab, int max_tokens) {
+  auto reqs = sampled_requests(n, vocab, max_tokens);
+  for (int i = 0; i < n; ++i) {
+    SamplingParams& p = reqs[static_cast<size_t>(i)].params;
+    p.stop_token_ids.clear();
+    if (i % 3 == 1) continue;              // a row without penalties beside them
+    if (i % 2 == 0) p.temperature = 0.0f;  // greedy with penalties
+    p.repetition_penalty = 1.0f + 0.25f * static_cast<float>(1 + i % 3);
+    p.presence_penalty = 0.5f;
+    p.frequency_penalty = 0.75f;
+  }
+  return reqs;
+}
+
 // Pearson's chi-square of `counts` (draws in all) against probabilities
 // `expected`, over the bins expecting at least 5 (the rest pooled), with the
 // 99.9% quantile of its distribution (Wilson-Hilferty).
