@@ -58,11 +58,6 @@ struct AttentionParams {
   // last attention call before the product, and where it was measured to pay
   // (see gemma4.cpp); results are identical either way, and the CPU ignores it.
   bool product_follows = false;
-  // Hint: the weight [N, K] of the product that reads this op's output next
-  // (empty: none named). A backend may start bringing its first bytes toward
-  // the processor while the attention runs (CUDA: into L2, where the memory
-  // would otherwise idle). Results are identical either way; the CPU ignores it.
-  Tensor next_weight;
 };
 
 // The positions_bound bucket of keys up to position end - 1: the smallest power

@@ -7,8 +7,6 @@
 // GQA groups of 2 and 8, head dims 64 to 512, v from k, separate v and
 // KV-shared (q only) layers, f32 and bf16 norm weights, windows of several
 // pair tiles; calls the fused kernel does not take give the same bytes as well.
-// The fused calls name a next product weight (AttentionParams::next_weight);
-// run with SPECULA_L2_PREFETCH_STEPS=8 to exercise its L2 prefetch.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -189,14 +187,8 @@ bool check(const FusedCase& c, uint64_t seed = 1) {
   Outputs fused = fresh_outputs(c, t);
   Outputs composed = fresh_outputs(c, t);
   Outputs cpu = fresh_outputs(c, t);
-  Call f = make_call(c, t, *fused.q, fused.k.get(), fused.v.get(), *fused.cache_k, *fused.cache_v,
-                     *fused.out, true);
-  // A product weight named as the next one (rows of 520: a partial last step):
-  // the kernel may bring its head into L2 (SPECULA_L2_PREFETCH_STEPS), which
-  // must change nothing.
-  Twin next_weight(DType::kBF16, Shape{1000, 520});
-  next_weight.randomize(seed + 100, -1.0f, 1.0f);
-  f.ap.next_weight = next_weight.dev;
+  const Call f = make_call(c, t, *fused.q, fused.k.get(), fused.v.get(), *fused.cache_k,
+                           *fused.cache_v, *fused.out, true);
   gpu_be().attention_with_inputs(f.in, f.ap);
   const Call g = make_call(c, t, *composed.q, composed.k.get(), composed.v.get(), *composed.cache_k,
                            *composed.cache_v, *composed.out, true);

@@ -49,7 +49,6 @@
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/backend/cuda/cuda_device_common.cuh"
 #include "engine/backend/cuda/cuda_launch.cuh"
-#include "engine/backend/cuda/cuda_linear_mma.h"
 
 namespace specula::cuda {
 namespace {
@@ -496,7 +495,7 @@ template <int kPer, int kMinBlocks>
 __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
     attention_fused_kernel(FusedInputs in, float* __restrict__ k_cache, float* __restrict__ v_cache,
                            const int32_t* __restrict__ q_pos, float* __restrict__ part_ml,
-                           float* __restrict__ part_acc, AttnGeom g, L2Prefetch next) {
+                           float* __restrict__ part_acc, AttnGeom g) {
   pdl_launch_dependents();  // the combine: it waits for this whole grid
   extern __shared__ float4 smem[];
   const int d = g.d;
@@ -546,21 +545,12 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
   const int2 hull_keys = chunk_key_hull(s_j0, s_j1, np);
   const int u0 = hull_keys.x;
   const int u1 = hull_keys.y;
-  const int64_t block_id = (int64_t{blockIdx.z} * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-  const int64_t grid_threads = int64_t{gridDim.x} * gridDim.y * gridDim.z * kPartialThreads;
-  const auto fetch_next = [&] {
-    issue_l2_prefetch(next, block_id * kPartialThreads + threadIdx.x, grid_threads);
-  };
   if (u0 > u1) {  // block-uniform: no pair sees a key here, so no new position lies here either
-    fetch_next();
     __pipeline_wait_prior(0);
     return;
   }
 
   pdl_wait();
-  // The next product's first weights, while this grid holds the SMs it would
-  // start on (after the wait: before it, the q/k/v product still streams).
-  fetch_next();
   // New keys of the chunk: positions [max(c0, first), min(chunk end, last)]
   // (of them, this tile's pairs read rows u0 .. u1 only).
   const int new0 = max(static_cast<int>(max(c0, first) - c0), u0);
@@ -609,13 +599,6 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
   __syncthreads();
   chunk_weighted_values(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
 }
-
-// How much of the next product's weights a fused launch brings into L2
-// (AttentionParams::next_weight): steps of each warp range, and a cap. Off
-// (0) until measured: written in a session without a GPU, it waits for an
-// A/B run (SPECULA_L2_PREFETCH_STEPS=8 against 0, tools/gpu/ab.sh).
-constexpr int kNextProductSteps = 0;
-constexpr int64_t kNextProductBytes = int64_t{24} << 20;
 
 // Most pair tiles of a fused launch (31B's full-attention verify window of 5
 // queries: 40 pairs, two tiles).
@@ -993,22 +976,10 @@ void CudaBackend::attention_with_inputs(const AttentionInputsParams& in, const A
   // Rows of up to 256 floats hold 8 a lane and fit three blocks an SM (the
   // occupancy of the partials kernel: with two, 31B decode steps took 0.8 ms
   // longer on an H200); wider heads fit one block an SM by shared memory anyway.
-  // SPECULA_L2_PREFETCH_STEPS (default kNextProductSteps; 0: off) steps of each
-  // warp range of the next product's weights, at most kNextProductBytes.
-  static const int prefetch_steps = [] {
-    const char* e = std::getenv("SPECULA_L2_PREFETCH_STEPS");
-    return e != nullptr && *e != '\0' ? std::atoi(e) : kNextProductSteps;
-  }();
-  L2Prefetch next;
-  if (!p.next_weight.empty() && p.next_weight.rank() == 2 &&
-      p.next_weight.dtype() == DType::kBF16 && p.next_weight.device() == p.q.device()) {
-    next = l2_prefetch_for(p.next_weight.data(), p.next_weight.dim(0), p.next_weight.dim(1),
-                           prefetch_steps, kNextProductBytes);
-  }
   auto kernel = g.d <= 256 ? attention_fused_kernel<8, 3> : attention_fused_kernel<16, 1>;
   launch_pdl(kernel, grid, dim3(kPartialThreads), fused_smem_bytes(g.d, g.pair_tile), stream(),
              "attention_fused_kernel", f, p.k.data_as<float>(), p.v.data_as<float>(), pos,
-             plan.part_ml, plan.part_acc, g, next);
+             plan.part_ml, plan.part_acc, g);
   dispatch_combine(plan.nr, std::make_integer_sequence<int, kMaxLaneDims>{}, pos, plan.part_ml,
                    plan.part_acc, p.out.data_as<float>(), g, /*after_partials=*/true, stream());
 }

@@ -44,46 +44,6 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// Brings `bytes` (a multiple of 16) at p (16-byte aligned) into L2, without
-// waiting for them and without holding registers or shared memory: a hint.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* p, uint32_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
-// The head of a product's weight stream, to be brought into L2 by a kernel
-// that runs before the product while the memory would otherwise idle (see
-// l2_prefetch_for, cuda_linear_mma.h). w [rows, row_bytes] is read by the
-// product in `ranges` contiguous runs of 64-byte steps per row (its warps' K
-// ranges: run r is steps [r·steps/ranges, (r+1)·steps/ranges)); the first
-// `ahead` steps of every run are fetched. Fetching never changes a result.
-struct L2Prefetch {
-  const char* w = nullptr;  // null: nothing to fetch
-  int64_t rows = 0;
-  int64_t row_bytes = 0;  // a multiple of 16
-  int64_t steps = 0;      // 64-byte steps of a row (the last may be partial)
-  int ranges = 1;
-  int ahead = 0;
-};
-
-// Issues segments thread, thread + threads, ... of `p` (one per (row, run)).
-__device__ __forceinline__ void issue_l2_prefetch(const L2Prefetch& p, int64_t thread,
-                                                  int64_t threads) {
-  if (p.w == nullptr) return;
-  const int64_t segments = p.rows * p.ranges;
-  for (int64_t i = thread; i < segments; i += threads) {
-    const int64_t row = i / p.ranges;
-    const int64_t run = i - row * p.ranges;
-    const int64_t s0 = run * p.steps / p.ranges;
-    const int64_t s1 = min(s0 + p.ahead, (run + 1) * p.steps / p.ranges);
-    const int64_t end = min(s1 * 64, p.row_bytes) & ~int64_t{15};
-    if (end > s0 * 64) {
-      bulk_prefetch_l2(p.w + row * p.row_bytes + s0 * 64, static_cast<uint32_t>(end - s0 * 64));
-    }
-  }
-}
-
 // One 16-byte streaming load: weights are read once, so they are kept out of
 // L1 (which then holds the activations every warp re-reads).
 __device__ __forceinline__ uint4 load_stream16(const void* p) {

@@ -686,23 +686,6 @@ int mma_k_split(int64_t n_cols) {
   return n_cols >= kWideColumns ? 4 : 8;
 }
 
-L2Prefetch l2_prefetch_for(const void* w, int64_t n, int64_t k, int ahead_steps,
-                           int64_t max_bytes) {
-  L2Prefetch p;
-  if (w == nullptr || n <= 0 || k <= 0 || ahead_steps <= 0 || !vec_path(w, k)) return p;
-  const int ranges = mma_k_split(n);
-  const int64_t per_step = n * ranges * kStepK * int64_t{sizeof(bf16)};
-  const int64_t ahead = std::min<int64_t>(ahead_steps, max_bytes / per_step);
-  if (ahead <= 0) return p;
-  p.w = static_cast<const char*>(w);
-  p.rows = n;
-  p.row_bytes = k * static_cast<int64_t>(sizeof(bf16));
-  p.steps = (k + kStepK - 1) / kStepK;
-  p.ranges = ranges;
-  p.ahead = static_cast<int>(ahead);
-  return p;
-}
-
 size_t mma_split_bytes(int64_t m, int64_t k) {
   return static_cast<size_t>(m) * static_cast<size_t>(split_chunks(k)) * 3 * sizeof(uint4);
 }

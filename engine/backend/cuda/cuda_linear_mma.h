@@ -30,8 +30,6 @@
 #include <cstdint>
 #include <span>
 
-#include "engine/backend/cuda/cuda_launch.cuh"
-
 namespace specula::cuda {
 
 // Products at least this wide split K over 4 warps, narrower ones over 8:
@@ -43,15 +41,6 @@ inline constexpr int64_t kWideColumns = 16384;
 // Warps per block that split K for a product of N columns: part of the
 // numerics (see above).
 int mma_k_split(int64_t n_cols);
-
-// What to bring into L2 ahead of the product y = x · w[n, k]ᵀ (bf16 w, one
-// to 8 rows of x): the first `ahead_steps` 32-element steps of each warp's K
-// range of every weight row, at most max_bytes in all (fewer steps then).
-// Empty (w null) when the product would not take these kernels' 16-byte loads.
-// Why: between two products (attention, norms) the memory would otherwise
-// idle while the next product's blocks cannot start yet; what a kernel there
-// fetches, the product then reads from L2.
-L2Prefetch l2_prefetch_for(const void* w, int64_t n, int64_t k, int ahead_steps, int64_t max_bytes);
 
 // One output of a fused linear_multi launch (either product path):
 // y f32 [M, n] = x · w[n, K]ᵀ, w of the launch's weight dtype.

@@ -679,7 +679,6 @@ bool Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
     // early chain of launches it starts made steps 25-60% slower.
     ap.product_follows = plans.size() == 1 && p.n == 1;
     if (fused_inputs) {
-      ap.next_weight = w.o_proj;
       be.attention_with_inputs(in, ap);
     } else {
       be.attention(ap);
