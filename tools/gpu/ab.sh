@@ -15,7 +15,7 @@
 #                     --random-weights ...`)
 #   BENCH_TIMEOUT=300 seconds per bench run
 #   ENV_A, ENV_B      VAR=value words set for that side only (say, the same
-#                     binary twice with ENV_A="SPECULA_L2_PREFETCH_STEPS=0")
+#                     binary twice with ENV_B="SPECULA_UNFUSED_ATTENTION=1")
 # JSON results land in $OUT (a-1.json, b-1.json, ...).
 set -euo pipefail
 
