@@ -719,8 +719,6 @@ void run_bench(BenchArgs a) {
                                         {"frequency_penalty", a.frequency_penalty},
                                         {"on", plain_greedy      ? "greedy"
                                                : a.host_sampling ? "host"
-                                               : penalties       ? "device (plain rows), host "
-                                                                   "(speculative rows)"
                                                                  : "device"}}},
                                       {"results", rows}}
                            .dump());

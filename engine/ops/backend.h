@@ -157,20 +157,31 @@ struct SpeculativeAcceptParams {
 };
 
 // Step 1 of the sampling pipeline (engine/sampling/sampler.h: repetition,
-// presence and frequency penalties) on M rows of logits in place, from the
-// rows' token histories as lists the caller keeps: row m's entries are
-// [row_begin[m], row_begin[m + 1]), one per distinct token of the row's prompt
-// and generated tokens, with its count among the generated ones (0: prompt
-// only). Each listed token's logit x becomes penalised_logit(x, count, ...)
-// (sampler.h), bit for bit as the host sampler computes it; others are left
-// alone. Token ids must lie in [0, V) and be distinct within a row (the CPU
-// checks; device backends skip an id outside [0, V)).
+// presence and frequency penalties) on M rows of logits in place, from token
+// histories as lists the caller keeps. List l's entries are
+// [list_begin[l], list_begin[l + 1]), one per distinct token of a history
+// (prompt and generated tokens), with its count among the generated ones (0:
+// prompt only). Row m reads list row_list[m] (empty row_list: list m, L = M),
+// so that rows of one sequence (its draft steps and verify window) share one
+// list, and then its extras: tokens generated after the list was made, still
+// on the device (a round's drafts), extra_source[extra_index[m, e]] for the
+// e < E with an index >= 0 (empty extra_index: none). A token's count is its
+// list count plus its occurrences among the row's extras; each token of the
+// list or the extras has its logit x become penalised_logit(x, count, ...)
+// (sampler.h) once, bit for bit as the host sampler computes it over the whole
+// history; others are left alone. Token ids must lie in [0, V) and be distinct
+// within a list, list and extra indices in range (the CPU checks; device
+// backends skip an id or index out of range). E <= kMaxPenaltyExtras.
+inline constexpr int64_t kMaxPenaltyExtras = 64;
 struct PenaltyRowsParams {
-  Tensor logits;     // f32 [M, V], changed in place
-  Tensor row_begin;  // i32 [M + 1]: 0 = row_begin[0] <= ... <= row_begin[M] <= L
-  Tensor tokens;     // i32 [L]
-  Tensor counts;     // i32 [L], >= 0
-  Tensor penalties;  // f32 [M, 3]: repetition, presence, frequency per row
+  Tensor logits;        // f32 [M, V], changed in place
+  Tensor list_begin;    // i32 [L + 1]: 0 = list_begin[0] <= ... <= list_begin[L] <= N
+  Tensor tokens;        // i32 [N]
+  Tensor counts;        // i32 [N], >= 0
+  Tensor penalties;     // f32 [M, 3]: repetition, presence, frequency per row
+  Tensor row_list;      // i32 [M], values in [0, L); empty: row m reads list m
+  Tensor extra_source;  // i32 [S]: token ids the extras index (with extra_index)
+  Tensor extra_index;   // i32 [M, E]: indices into extra_source, -1 = none; empty: no extras
 };
 
 // A recorded sequence of ops (Backend::begin_capture); owned by the caller, used

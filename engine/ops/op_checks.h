@@ -100,9 +100,15 @@ struct SpeculativeAcceptDims {
 };
 SpeculativeAcceptDims check_speculative_accept(const char* op, const SpeculativeAcceptParams& p);
 
-// Checks PenaltyRowsParams' dtypes and shapes; returns {M, V} (the lists
-// are data, checked where they are read).
-SamplingRowsDims check_penalty_rows(const char* op, const PenaltyRowsParams& p);
+// Checks PenaltyRowsParams' dtypes and shapes (the lists and indices are
+// data, checked where they are read).
+struct PenaltyRowsDims {
+  int64_t rows = 0;    // M
+  int64_t vocab = 0;   // V
+  int64_t lists = 0;   // L
+  int64_t extras = 0;  // E (0: no extras)
+};
+PenaltyRowsDims check_penalty_rows(const char* op, const PenaltyRowsParams& p);
 
 struct MoeExpertsDims {
   int64_t tokens = 0, hidden = 0, top_k = 0, experts = 0, inter = 0;

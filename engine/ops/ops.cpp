@@ -129,17 +129,28 @@ SamplingRowsDims check_process_logits_rows(const char* op, const Tensor& logits,
   return d;
 }
 
-SamplingRowsDims check_penalty_rows(const char* op, const PenaltyRowsParams& p) {
+PenaltyRowsDims check_penalty_rows(const char* op, const PenaltyRowsParams& p) {
   check_dtype(op, "logits", p.logits, DType::kF32);
   check_rank(op, "logits", p.logits, 2);
-  check_dtype(op, "row_begin", p.row_begin, DType::kI32);
+  check_dtype(op, "list_begin", p.list_begin, DType::kI32);
+  check_rank(op, "list_begin", p.list_begin, 1);
   check_dtype(op, "tokens", p.tokens, DType::kI32);
   check_dtype(op, "counts", p.counts, DType::kI32);
   check_dtype(op, "penalties", p.penalties, DType::kF32);
-  const SamplingRowsDims d{.rows = p.logits.dim(0), .vocab = p.logits.dim(1)};
-  if (p.row_begin.shape() != Shape{d.rows + 1}) {
-    fail("{}: row_begin {} must be i32 [{}] (one more than the rows of logits {})", op,
-         p.row_begin.describe(), d.rows + 1, p.logits.describe());
+  PenaltyRowsDims d{.rows = p.logits.dim(0), .vocab = p.logits.dim(1)};
+  if (p.list_begin.numel() < 1) {
+    fail("{}: list_begin {} must hold at least one entry (L + 1)", op, p.list_begin.describe());
+  }
+  d.lists = p.list_begin.dim(0) - 1;
+  if (!p.row_list.empty()) {
+    check_dtype(op, "row_list", p.row_list, DType::kI32);
+    if (p.row_list.shape() != Shape{d.rows}) {
+      fail("{}: row_list {} must be i32 [{}] (one list per row of logits {})", op,
+           p.row_list.describe(), d.rows, p.logits.describe());
+    }
+  } else if (d.lists != d.rows) {
+    fail("{}: list_begin {} must be i32 [{}] without a row_list (one list per row of logits {})",
+         op, p.list_begin.describe(), d.rows + 1, p.logits.describe());
   }
   check_rank(op, "tokens", p.tokens, 1);
   check_same_shape(op, "tokens", p.tokens, "counts", p.counts);
@@ -149,14 +160,33 @@ SamplingRowsDims check_penalty_rows(const char* op, const PenaltyRowsParams& p) 
         "{})",
         op, p.penalties.describe(), d.rows, p.logits.describe());
   }
+  if (!p.extra_index.empty()) {
+    check_dtype(op, "extra_index", p.extra_index, DType::kI32);
+    check_rank(op, "extra_index", p.extra_index, 2);
+    if (p.extra_index.dim(0) != d.rows) {
+      fail("{}: extra_index {} must have one row per row of logits {}", op,
+           p.extra_index.describe(), p.logits.describe());
+    }
+    d.extras = p.extra_index.dim(1);
+    if (d.extras > kMaxPenaltyExtras) {
+      fail("{}: extra_index {} names {} extras a row, at most {}", op, p.extra_index.describe(),
+           d.extras, kMaxPenaltyExtras);
+    }
+    if (p.extra_source.empty()) fail("{}: extra_index given without an extra_source", op);
+    check_dtype(op, "extra_source", p.extra_source, DType::kI32);
+    check_rank(op, "extra_source", p.extra_source, 1);
+  }
   if (d.vocab > std::numeric_limits<int32_t>::max()) {
     fail("{}: logits {} rows are too long for i32 token ids", op, p.logits.describe());
   }
-  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"row_begin", &p.row_begin},
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"list_begin", &p.list_begin},
                                 {"tokens", &p.tokens},
                                 {"counts", &p.counts},
-                                {"penalties", &p.penalties}}) {
-    check_no_alias(op, "logits", p.logits, name, *t);
+                                {"penalties", &p.penalties},
+                                {"row_list", &p.row_list},
+                                {"extra_source", &p.extra_source},
+                                {"extra_index", &p.extra_index}}) {
+    if (!t->empty()) check_no_alias(op, "logits", p.logits, name, *t);
   }
   return d;
 }

@@ -76,8 +76,8 @@ void validate(const gemma4::Gemma4Model& target, Drafter* drafter,
 
 // The device side of rounds whose tokens never leave the device between
 // steps: greedy rows without penalties with a drafter that takes device
-// inputs, or (device sampling) rows without penalties of any temperature,
-// with or without such a drafter. Each draft step's token lands in `ids` (its
+// inputs, or (device sampling) rows of any temperature and penalties, with or
+// without such a drafter. Each draft step's token lands in `ids` (its
 // argmax, or a sample of its processed distribution q, kept in `q`), the next
 // step's tokens and the verify window's tokens are gathered from there, and
 // ONE download per round brings back every draft and the target's choices
@@ -165,32 +165,44 @@ struct DeviceRounds {
     be.upload_async(host_params.data(), params_slice(0, sample_rows()));
   }
 
-  // Penalties on the device (plain decoding: every window row's history is
-  // one the host holds): each window row's list of distinct history tokens and
-  // generated counts (PenaltyRowsParams), rebuilt from the history each step,
-  // for up to `entries` entries in all. Allocated once, like the rest.
-  DeviceBuffer pen_begin, pen_tokens, pen_counts, pen_params;
-  std::vector<int32_t> host_pen_begin, host_pen_tokens, host_pen_counts;
+  // Penalties on the device. Each round stages one list per active row (its
+  // history's distinct tokens and generated counts, rebuilt from the history
+  // the host holds, which ends with the pending token) and, for every penalty
+  // row, in the sections of the uniforms (draft step s: B each | window:
+  // B·(max_k+1)), the row's list, penalties and extras: the drafts before it,
+  // as positions in `ids` (PenaltyRowsParams). So draft step s sees the
+  // history and d1..ds, window row j the history and d1..dj, as the host path
+  // does. Allocated once, like the rest.
+  DeviceBuffer pen_begin, pen_tokens, pen_counts, pen_params, pen_row_list, pen_extras;
+  std::vector<int32_t> host_pen_begin, host_pen_tokens, host_pen_counts, host_pen_row_list,
+      host_pen_extras;
   std::vector<float> host_pen_params;
-  std::vector<int32_t> pen_slot;  // [V]: 1 + a token's entry in the row being staged, or 0
-  int64_t pen_rows = 0;
+  std::vector<int32_t> pen_slot;  // [V]: 1 + a token's entry in the list being staged, or 0
+  int64_t pen_lists = 0;
   void enable_penalties(Backend& be, int64_t entries) {
-    const auto rows = static_cast<size_t>(verify_cap());
-    pen_begin = DeviceBuffer(be, (rows + 1) * sizeof(int32_t));
+    const auto rows = static_cast<size_t>(sample_rows());
+    pen_begin = DeviceBuffer(be, static_cast<size_t>(B + 1) * sizeof(int32_t));
     pen_tokens = DeviceBuffer(be, static_cast<size_t>(entries) * sizeof(int32_t));
     pen_counts = DeviceBuffer(be, static_cast<size_t>(entries) * sizeof(int32_t));
     pen_params = DeviceBuffer(be, rows * 3 * sizeof(float));
-    host_pen_begin.assign(rows + 1, 0);
+    pen_row_list = DeviceBuffer(be, rows * sizeof(int32_t));
+    host_pen_begin.assign(static_cast<size_t>(B + 1), 0);
     host_pen_tokens.resize(static_cast<size_t>(entries));
     host_pen_counts.resize(static_cast<size_t>(entries));
     host_pen_params.resize(rows * 3);
+    host_pen_row_list.assign(rows, 0);
+    if (max_k > 0) {
+      pen_extras = DeviceBuffer(be, rows * static_cast<size_t>(max_k) * sizeof(int32_t));
+      host_pen_extras.assign(rows * static_cast<size_t>(max_k), -1);
+    }
     pen_slot.assign(static_cast<size_t>(V), 0);
   }
   bool penalties() const { return !pen_slot.empty(); }
-  // Appends the next window row's list: `history`'s distinct tokens, counted
-  // past its prompt, under p's penalties (none: an empty list).
-  void stage_penalties(const TokenHistory& history, const SamplingParams& p) {
-    const int32_t start = host_pen_begin[static_cast<size_t>(pen_rows)];
+  // Appends the next list (returned): `history`'s distinct tokens, counted
+  // past its prompt, when p has penalties (else an empty list).
+  int32_t stage_list(const TokenHistory& history, const SamplingParams& p) {
+    SPECULA_CHECK(pen_lists < B, "more than {} penalty lists in a round", B);
+    const int32_t start = host_pen_begin[static_cast<size_t>(pen_lists)];
     int32_t n = start;
     if (p.has_penalties()) {
       const auto cap = static_cast<int32_t>(host_pen_tokens.size());
@@ -207,31 +219,57 @@ struct DeviceRounds {
       }
       for (int32_t e = start; e < n; ++e) pen_slot[static_cast<size_t>(host_pen_tokens[e])] = 0;
     }
-    float* pen = host_pen_params.data() + pen_rows * 3;
-    pen[0] = p.repetition_penalty;  // without penalties: 1, 0, 0 (and an empty list)
+    host_pen_begin[static_cast<size_t>(++pen_lists)] = n;
+    return static_cast<int32_t>(pen_lists - 1);
+  }
+  // Penalty row `at` (a uniforms-section row) reads `list` under p's
+  // penalties (none: 1, 0, 0) and then the tokens at `extras`, positions in
+  // `ids` (at most max_k).
+  void stage_penalty_row(int64_t at, int32_t list, const SamplingParams& p,
+                         std::span<const int32_t> extras) {
+    SPECULA_CHECK(static_cast<int64_t>(extras.size()) <= max_k, "{} extras, at most {}",
+                  extras.size(), max_k);
+    host_pen_row_list[static_cast<size_t>(at)] = list;
+    float* pen = host_pen_params.data() + at * 3;
+    pen[0] = p.repetition_penalty;
     pen[1] = p.presence_penalty;
     pen[2] = p.frequency_penalty;
-    host_pen_begin[static_cast<size_t>(++pen_rows)] = n;
+    if (max_k == 0) return;
+    int32_t* row = host_pen_extras.data() + at * max_k;
+    const size_t n = p.has_penalties() ? extras.size() : 0;  // none: extras change nothing
+    std::copy_n(extras.begin(), n, row);
+    std::fill(row + n, row + max_k, -1);
   }
-  // The staged lists, queued for upload; the next round stages anew.
+  // The staged lists and rows, queued for upload; the next round stages anew.
   void upload_penalties(Backend& be) {
-    const int64_t entries = host_pen_begin[static_cast<size_t>(pen_rows)];
-    be.upload_async(host_pen_begin.data(), pen_begin.view(DType::kI32, {pen_rows + 1}));
+    const int64_t entries = host_pen_begin[static_cast<size_t>(pen_lists)];
+    be.upload_async(host_pen_begin.data(), pen_begin.view(DType::kI32, {pen_lists + 1}));
     if (entries > 0) {
       be.upload_async(host_pen_tokens.data(), pen_tokens.view(DType::kI32, {entries}));
       be.upload_async(host_pen_counts.data(), pen_counts.view(DType::kI32, {entries}));
     }
-    be.upload_async(host_pen_params.data(), pen_params.view(DType::kF32, {pen_rows, 3}));
+    be.upload_async(host_pen_params.data(), pen_params.view(DType::kF32, {sample_rows(), 3}));
+    be.upload_async(host_pen_row_list.data(), pen_row_list.view(DType::kI32, {sample_rows()}));
+    if (max_k > 0) {
+      be.upload_async(host_pen_extras.data(), pen_extras.view(DType::kI32, {sample_rows(), max_k}));
+    }
   }
-  PenaltyRowsParams penalty_rows(const Tensor& logits) const {
-    const int64_t entries = host_pen_begin[static_cast<size_t>(pen_rows)];
-    SPECULA_CHECK(logits.dim(0) == pen_rows, "{} window rows, {} penalty lists", logits.dim(0),
-                  pen_rows);
-    return {.logits = logits,
-            .row_begin = pen_begin.view(DType::kI32, {pen_rows + 1}),
-            .tokens = pen_tokens.view(DType::kI32, {entries}),
-            .counts = pen_counts.view(DType::kI32, {entries}),
-            .penalties = pen_params.view(DType::kF32, {pen_rows, 3})};
+  // The penalty step of `logits`, whose rows are penalty rows [at, at + rows).
+  PenaltyRowsParams penalty_rows(const Tensor& logits, int64_t at) const {
+    const int64_t n = logits.dim(0);
+    const int64_t entries = host_pen_begin[static_cast<size_t>(pen_lists)];
+    PenaltyRowsParams p{
+        .logits = logits,
+        .list_begin = pen_begin.view(DType::kI32, {pen_lists + 1}),
+        .tokens = pen_tokens.view(DType::kI32, {entries}),
+        .counts = pen_counts.view(DType::kI32, {entries}),
+        .penalties = pen_params.view(DType::kF32, {sample_rows(), 3}).slice_rows(at, at + n),
+        .row_list = pen_row_list.view(DType::kI32, {sample_rows()}).slice_rows(at, at + n)};
+    if (max_k > 0) {
+      p.extra_source = ids.view(DType::kI32, {ids_size()});
+      p.extra_index = pen_extras.view(DType::kI32, {sample_rows(), max_k}).slice_rows(at, at + n);
+    }
+    return p;
   }
 };
 
@@ -310,16 +348,13 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
   const bool host_rounds = env_on("SPECULA_HOST_ROUNDS");
   const bool device_drafter =
       drafter == nullptr || (drafter->takes_device_inputs() && !host_rounds);
-  // Rows without penalties, some sampled: the whole pipeline (p, q, sampling,
-  // acceptance) runs on the backend, and a round reads back its token ids once.
-  // Rows with penalties join them without a drafter: then every window row's
-  // history is one the host holds (with one, the drafts' would be on the device).
+  // Otherwise (rows sampled or with penalties) the whole pipeline (penalties,
+  // p, q, sampling, acceptance) runs on the backend, and a round reads back
+  // its token ids once.
   const bool any_penalties =
       std::any_of(requests.begin(), requests.end(),
                   [](const DecodeRequest& r) { return r.params.has_penalties(); });
-  const bool device_sampling = !device_greedy && device_drafter &&
-                               !env_on("SPECULA_HOST_SAMPLING") &&
-                               (drafter == nullptr || !any_penalties);
+  const bool device_sampling = !device_greedy && device_drafter && !env_on("SPECULA_HOST_SAMPLING");
   std::optional<DeviceRounds> dev;
   if ((device_greedy && drafter && device_drafter) || device_sampling)
     dev.emplace(be, static_cast<int64_t>(rows.size()), max_k, H, V, device_sampling);
@@ -339,7 +374,7 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
   auto device_accept = [&](const Tensor& logits, const Tensor& tokens, int64_t n_rows) {
     DeviceRounds& d = *dev;
     const int64_t window = logits.dim(0);
-    if (d.penalties()) be.apply_penalties_rows(d.penalty_rows(logits));
+    if (d.penalties()) be.apply_penalties_rows(d.penalty_rows(logits, d.window_at()));
     be.process_logits_rows(logits, d.params_slice(d.window_at(), window), logits);
     be.speculative_accept_rows({.p = logits,
                                 .q = d.q_all(),
@@ -430,11 +465,14 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       const int64_t n = static_cast<int64_t>(rows.size());
       int32_t* row_begin = d.host_idx.data() + d.row_begin_at();
       for (int64_t i = 0; i <= n; ++i) row_begin[i] = static_cast<int32_t>(i);
-      d.pen_rows = 0;
+      d.pen_lists = 0;
       for (int64_t i = 0; i < n; ++i) {
         Row& r = rows[static_cast<size_t>(i)];
         d.stage_sample(d.window_at() + i, r.rng, row_sampling_of(r.request->params));
-        if (d.penalties()) d.stage_penalties(history_of(r), r.request->params);
+        if (d.penalties()) {
+          d.stage_penalty_row(d.window_at() + i, d.stage_list(history_of(r), r.request->params),
+                              r.request->params, {});
+        }
       }
       be.upload_async(d.host_idx.data(), d.idx_slice(0, d.idx_size()));
       d.upload_sampling(be);
@@ -478,9 +516,11 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
   std::vector<size_t> draft_owner;
   std::vector<int32_t> verify_tokens;
   std::vector<int64_t> pos0;
-  std::vector<int64_t> row_slots;  // device rounds: [active, max_k] row index within step s
-  std::vector<int64_t> step_rows;  // device rounds: rows of step s
+  std::vector<int64_t> row_slots;     // device rounds: [active, max_k] row index within step s
+  std::vector<int64_t> step_rows;     // device rounds: rows of step s
+  std::vector<int32_t> draft_at_ids;  // device penalties: a row's drafts so far, in `ids`
   active.reserve(rows.size());
+  draft_at_ids.reserve(static_cast<size_t>(max_k));
   fwd.reserve(rows.size());
   pos0.reserve(rows.size());
   draft_rows.reserve(rows.size());
@@ -519,7 +559,7 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       int32_t* token_idx = verify_idx + d.verify_cap();  // [max_k, B]
       row_slots.assign(active.size() * static_cast<size_t>(max_k), -1);
       step_rows.assign(static_cast<size_t>(round_k), 0);
-      d.pen_rows = 0;
+      d.pen_lists = 0;
       for (int s = 0; s < round_k; ++s) {
         int32_t n = 0;
         for (size_t a = 0; a < active.size(); ++a) {
@@ -561,9 +601,22 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
                 rs);
           }
           for (int64_t w = row_begin[a]; w < m; ++w) d.stage_sample(d.window_at() + w, r.rng, rs);
-          // No drafts here (penalties need no drafter): one window row, whose
-          // history is the row's.
-          if (d.penalties()) d.stage_penalties(history_of(r), r.request->params);
+          if (d.penalties()) {
+            // Draft step j and window row j see the history and d1..dj.
+            const int32_t list = d.stage_list(history_of(r), r.request->params);
+            draft_at_ids.clear();
+            for (int j = 0; j <= r.k_round; ++j) {
+              const int64_t slot =
+                  j < r.k_round ? row_slots[a * static_cast<size_t>(max_k) + static_cast<size_t>(j)]
+                                : 0;
+              if (j < r.k_round) {
+                d.stage_penalty_row(j * d.B + slot, list, r.request->params, draft_at_ids);
+              }
+              d.stage_penalty_row(d.window_at() + row_begin[a] + j, list, r.request->params,
+                                  draft_at_ids);
+              if (j < r.k_round) draft_at_ids.push_back(static_cast<int32_t>(d.draft_at(j) + slot));
+            }
+          }
         }
       }
       row_begin[active.size()] = static_cast<int32_t>(m);
@@ -608,6 +661,7 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       const Tensor step_logits = drafter->step_on_device(s, draft_rows, in);
       if (d.sampling) {
         // q of this step, kept for the acceptance; the draft is a sample of it.
+        if (d.penalties()) be.apply_penalties_rows(d.penalty_rows(step_logits, s * d.B));
         const Tensor q = d.q_all().slice_rows(s * d.B, s * d.B + n);
         be.process_logits_rows(step_logits, d.params_slice(s * d.B, n), q);
         be.sample_rows(q, d.uniforms_slice(s * d.B, n), d.ids_slice(d.draft_at(s), n));

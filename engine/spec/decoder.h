@@ -18,22 +18,22 @@
 // and the target's ids (uploads are queued without waiting). Set
 // SPECULA_HOST_ROUNDS=1 to read the drafts back every step instead (for A/B runs).
 //
-// Sampled rows without penalties (with no drafter, or one that takes device
-// inputs) sample on the backend too: the drafts' q and the target's p come out
-// of Backend::process_logits_rows, drafts of sample_rows, and each row's
-// accepted count and next token of speculative_accept_rows, so a round again
-// reads back once (token ids, never [rows, V] logits). Greedy rows of such a
-// batch run the same ops at temperature 0 and keep their greedy tokens. The
-// uniforms are drawn on the host at the start of a round, in a fixed order per
-// row (one per draft, then one per window row: the accept tests and, last, the
-// replacement or bonus token), and the host path draws the same ones in the
-// same order, so one seed gives the same tokens either way (up to an ulp of
-// the device's p and q). Without a drafter, rows with penalties (greedy or
-// not) sample there as well: each step uploads every row's distinct history
-// tokens and generated counts, and Backend::apply_penalties_rows applies
-// them before process_logits_rows. With a drafter, rows with penalties sample
-// on the host (the drafts' histories are on the device). Set
-// SPECULA_HOST_SAMPLING=1 to sample every row there (for A/B runs).
+// Every other batch (rows sampled or with penalties, with no drafter or one
+// that takes device inputs) samples on the backend too: the drafts' q and the
+// target's p come out of Backend::process_logits_rows, drafts of sample_rows,
+// and each row's accepted count and next token of speculative_accept_rows, so
+// a round again reads back once (token ids, never [rows, V] logits). Greedy
+// rows of such a batch run the same ops at temperature 0 and keep their greedy
+// tokens. The uniforms are drawn on the host at the start of a round, in a
+// fixed order per row (one per draft, then one per window row: the accept
+// tests and, last, the replacement or bonus token), and the host path draws
+// the same ones in the same order, so one seed gives the same tokens either
+// way (up to an ulp of the device's p and q). Penalties run there first
+// (Backend::apply_penalties_rows): each round uploads every row's distinct
+// history tokens and generated counts, and each draft step's and window row's
+// logits are penalised for that history plus the drafts before them (read
+// where they lie on the device), as the host sampler would penalise them.
+// Set SPECULA_HOST_SAMPLING=1 to sample every row on the host (for A/B runs).
 #pragma once
 
 #include <cstdint>

@@ -132,6 +132,54 @@ TEST(CudaDeviceSamplingPenalties, SameTokensAsHostSampling) {
   }
 }
 
+// With a drafter, rows with penalties sample on the device as well (each draft
+// step and window row penalised for the history plus the drafts before it):
+// the same tokens as the host path, one readback per round; greedy rows with
+// penalties emit what they emit without speculation.
+TEST(CudaDeviceSamplingPenalties, WithADrafterSameTokensAsHostSampling) {
+  SKIP_WITHOUT_CUDA();
+  if (!have("e2b_like") || !have("e2b_like_assistant")) GTEST_SKIP();
+  auto target = gemma4::Gemma4Model::load(golden("e2b_like"), on_cuda());
+  auto drafter = assistant::AssistantDrafter::load(golden("e2b_like_assistant"), target->config(),
+                                                   target->backend());
+  assistant::AssistantDraftSource source(*target, *drafter);
+  const int vocab = target->config().vocab_size;
+  constexpr int kTokens = 20;
+  int64_t drafted = 0, accepted = 0;
+  for (int batch : {1, 3, 8}) {
+    const auto reqs = testing::penalised_requests(batch, vocab, kTokens);
+    const auto plain = spec::decode(*target, nullptr, reqs, {});
+    for (int k : {1, 3, 8}) {
+      const spec::DraftSchedule schedule{.draft_tokens = k};
+      std::vector<spec::DecodeResult> host;
+      {
+        const testing::ScopedEnv env("SPECULA_HOST_SAMPLING", true);
+        host = spec::decode(*target, &source, reqs, schedule);
+      }
+      const int64_t before = target->backend().readback_count();
+      const auto device = spec::decode(*target, &source, reqs, schedule);
+      int64_t rounds = 0;
+      for (const auto& r : device) rounds = std::max(rounds, r.stats.rounds);
+      EXPECT_EQ(target->backend().readback_count() - before, 1 + rounds)
+          << "batch " << batch << " k " << k;
+      for (int b = 0; b < batch; ++b) {
+        const auto i = static_cast<size_t>(b);
+        ASSERT_EQ(device[i].tokens, host[i].tokens)
+            << "batch " << batch << " k " << k << " row " << b;
+        if (reqs[i].params.greedy()) {
+          EXPECT_EQ(device[i].tokens, plain[i].tokens) << "batch " << batch << " k " << k;
+        }
+        if (reqs[i].params.has_penalties()) {
+          drafted += device[i].stats.drafted;
+          accepted += device[i].stats.accepted;
+        }
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
+}
+
 TEST(CudaDeviceSamplingDistribution, SecondTokenFollowsTheTargetDistribution) {
   SKIP_WITHOUT_CUDA();
   if (!have("e2b_like") || !have("e2b_like_assistant")) GTEST_SKIP();

@@ -352,12 +352,12 @@ TEST(CudaSampling, ApplyPenaltiesRowsMatchesTheCpu) {
     c.push();
     p.push();
     gpu_be().apply_penalties_rows({.logits = logits.dev,
-                                   .row_begin = b.dev,
+                                   .list_begin = b.dev,
                                    .tokens = t.dev,
                                    .counts = c.dev,
                                    .penalties = p.dev});
     cpu_be().apply_penalties_rows({.logits = logits.host,
-                                   .row_begin = b.host,
+                                   .list_begin = b.host,
                                    .tokens = t.host,
                                    .counts = c.host,
                                    .penalties = p.host});
@@ -368,6 +368,95 @@ TEST(CudaSampling, ApplyPenaltiesRowsMatchesTheCpu) {
       ASSERT_EQ(std::memcmp(&g[i], &w[i], sizeof(float)), 0)
           << "V " << vocab << " row " << i / vocab << " token " << i % vocab << ": " << g[i]
           << " vs " << w[i];
+    }
+  }
+}
+
+// Rows sharing lists and reading extras (a round's drafts): the GPU gives the
+// CPU's penalised logits bit for bit. Extras drawn from the list (prompt-only
+// and generated tokens) and outside it, repeated, -1 padding; E = 8 and 64.
+TEST(CudaSampling, ApplyPenaltiesRowsSharedListsAndExtrasMatchTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  for (int64_t vocab : {int64_t{1000}, int64_t{262144}}) {
+    for (int64_t extras : {int64_t{8}, kMaxPenaltyExtras}) {
+      constexpr int64_t kRows = 7, kLists = 3;
+      Twin logits(DType::kF32, {kRows, vocab});
+      logits.randomize(41 + static_cast<uint64_t>(vocab + extras), -6.0f, 6.0f);
+      Rng rng(9);
+      auto token = [&] { return static_cast<int32_t>(rng.uniform() * static_cast<double>(vocab)); };
+      std::vector<int32_t> begin = {0}, tokens, counts;
+      for (int64_t l = 0; l < kLists; ++l) {
+        const int64_t n = l == 2 ? 0 : 40 + 300 * l;  // list 2: empty
+        std::vector<int32_t> list;
+        while (static_cast<int64_t>(list.size()) < n) {
+          const int32_t t = token();
+          if (std::find(list.begin(), list.end(), t) == list.end()) list.push_back(t);
+        }
+        for (int32_t t : list) {
+          tokens.push_back(t);
+          counts.push_back(static_cast<int32_t>(rng.uniform() * 4.0));  // 0: prompt only
+        }
+        begin.push_back(static_cast<int32_t>(tokens.size()));
+      }
+      // The source: tokens of list 0 and 1, fresh ones, and a repeated one.
+      std::vector<int32_t> source;
+      for (int i = 0; i < 24; ++i) source.push_back(tokens[static_cast<size_t>(i * 7)]);
+      for (int i = 0; i < 24; ++i) source.push_back(token());
+      source.push_back(source[3]);
+      std::vector<int32_t> row_list, index;
+      for (int64_t m = 0; m < kRows; ++m) {
+        row_list.push_back(static_cast<int32_t>(m % kLists));
+        const int64_t used = m == 0 ? 0 : std::min<int64_t>(extras, 2 * m + (m == kRows - 1) * 80);
+        for (int64_t e = 0; e < extras; ++e) {
+          index.push_back(
+              e < used ? static_cast<int32_t>(rng.uniform() * static_cast<double>(source.size()))
+                       : -1);
+        }
+      }
+      std::vector<float> pen;
+      for (int64_t m = 0; m < kRows; ++m) {
+        pen.insert(pen.end(), {1.0f + 0.1f * static_cast<float>(m),
+                               0.5f - 0.2f * static_cast<float>(m), 0.75f});
+      }
+      Twin b(DType::kI32, {kLists + 1}), t(DType::kI32, {static_cast<int64_t>(tokens.size())}),
+          c(DType::kI32, {static_cast<int64_t>(counts.size())}), p(DType::kF32, {kRows, 3}),
+          rl(DType::kI32, {kRows}), src(DType::kI32, {static_cast<int64_t>(source.size())}),
+          ei(DType::kI32, {kRows, extras});
+      const auto put = [](Twin& tw, const auto& v) {
+        std::memcpy(tw.host.view().data(), v.data(), v.size() * sizeof(v[0]));
+        tw.push();
+      };
+      put(b, begin);
+      put(t, tokens);
+      put(c, counts);
+      put(p, pen);
+      put(rl, row_list);
+      put(src, source);
+      put(ei, index);
+      gpu_be().apply_penalties_rows({.logits = logits.dev,
+                                     .list_begin = b.dev,
+                                     .tokens = t.dev,
+                                     .counts = c.dev,
+                                     .penalties = p.dev,
+                                     .row_list = rl.dev,
+                                     .extra_source = src.dev,
+                                     .extra_index = ei.dev});
+      cpu_be().apply_penalties_rows({.logits = logits.host,
+                                     .list_begin = b.host,
+                                     .tokens = t.host,
+                                     .counts = c.host,
+                                     .penalties = p.host,
+                                     .row_list = rl.host,
+                                     .extra_source = src.host,
+                                     .extra_index = ei.host});
+      const HostTensor got = logits.pull();
+      const auto* g = got.data<float>();
+      const auto* w = logits.host.data<float>();
+      for (int64_t i = 0; i < kRows * vocab; ++i) {
+        ASSERT_EQ(std::memcmp(&g[i], &w[i], sizeof(float)), 0)
+            << "V " << vocab << " E " << extras << " row " << i / vocab << " token " << i % vocab
+            << ": " << g[i] << " vs " << w[i];
+      }
     }
   }
 }

@@ -246,7 +246,7 @@ TEST(SamplingOps, ApplyPenaltiesRowsIsTheHostPenaltyStep) {
   const HostTensor b = i32_tensor(begin), t = i32_tensor(tokens), c = i32_tensor(counts);
   const HostTensor pen = f32_tensor(penalties, {n, 3});
   cpu().apply_penalties_rows(
-      {.logits = logits, .row_begin = b, .tokens = t, .counts = c, .penalties = pen});
+      {.logits = logits, .list_begin = b, .tokens = t, .counts = c, .penalties = pen});
   SamplingWorkspace ws(kVocab);
   for (int64_t m = 0; m < n; ++m) {
     const Row& r = rows[static_cast<size_t>(m)];
@@ -265,6 +265,132 @@ TEST(SamplingOps, ApplyPenaltiesRowsIsTheHostPenaltyStep) {
             0);
 }
 
+// Rows sharing lists (row_list) and reading extras (drafts on the device,
+// extra_index into extra_source) are penalised as the host pipeline penalises
+// the whole history, list then extras, bit for bit: extras the list holds
+// (generated or prompt-only), extras it lacks, an extra repeated, -1 padding,
+// a row without extras, an empty list.
+TEST(SamplingOps, ApplyPenaltiesRowsSharedListsAndExtrasAreTheWholeHistory) {
+  struct List {
+    std::vector<int32_t> history;
+    size_t num_prompt;
+  };
+  const std::vector<List> lists = {{{5, 9, 5, 17, 9, 9, 2}, 3}, {{8}, 1}, {{}, 0}};
+  const std::vector<int32_t> source = {-7, 9, 40, 40, 17, 8, 5, 2, 123};  // -7: never indexed
+  struct Row {
+    int32_t list;
+    std::vector<int32_t> extras;  // positions in source, -1 = none
+    float repetition, presence, frequency;
+  };
+  const std::vector<Row> rows = {
+      {0, {-1, -1, -1}, 1.3f, 0.5f, 0.75f},  // no extras
+      {0, {1, -1, -1}, 1.3f, 0.5f, 0.75f},   // a generated token again
+      {0, {1, 2, 3}, 1.3f, 0.5f, 0.75f},     // and a new one twice
+      {0, {6, 4, 8}, 0.8f, -0.5f, 1.25f},    // a prompt-only token, a generated one, a new one
+      {1, {5, 5, 7}, 1.5f, 0.0f, 0.0f},      // the list's prompt token twice
+      {2, {2, 7, -1}, 1.1f, 2.0f, -2.0f},    // an empty list
+  };
+  const auto n = static_cast<int64_t>(rows.size());
+  constexpr int64_t kExtras = 3;
+  HostTensor logits(DType::kF32, {n, kVocab});
+  cpu().fill_uniform(logits, 9, -4.0f, 4.0f);
+  logits.data<float>()[1 * kVocab + 9] = -std::numeric_limits<float>::infinity();
+  HostTensor want_source(DType::kF32, logits.shape());
+  std::memcpy(want_source.view().data(), logits.view().data(), logits.view().nbytes());
+  std::vector<int32_t> begin = {0}, tokens, counts, row_list, extra_index;
+  for (const List& l : lists) {
+    for (size_t i = 0; i < l.history.size(); ++i) {
+      const auto it = std::find(tokens.begin() + begin.back(), tokens.end(), l.history[i]);
+      const auto e = static_cast<size_t>(it - tokens.begin());
+      if (it == tokens.end()) {
+        tokens.push_back(l.history[i]);
+        counts.push_back(0);
+      }
+      if (i >= l.num_prompt) ++counts[e];
+    }
+    begin.push_back(static_cast<int32_t>(tokens.size()));
+  }
+  std::vector<float> penalties;
+  for (const Row& r : rows) {
+    row_list.push_back(r.list);
+    extra_index.insert(extra_index.end(), r.extras.begin(), r.extras.end());
+    penalties.insert(penalties.end(), {r.repetition, r.presence, r.frequency});
+  }
+  const HostTensor b = i32_tensor(begin), t = i32_tensor(tokens), c = i32_tensor(counts);
+  const HostTensor rl = i32_tensor(row_list), src = i32_tensor(source);
+  HostTensor ei = i32_tensor(extra_index);
+  const HostTensor pen = f32_tensor(penalties, {n, 3});
+  cpu().apply_penalties_rows({.logits = logits,
+                              .list_begin = b,
+                              .tokens = t,
+                              .counts = c,
+                              .penalties = pen,
+                              .row_list = rl,
+                              .extra_source = src,
+                              .extra_index = ei.view().reshape(Shape{n, kExtras})});
+  SamplingWorkspace ws(kVocab);
+  for (int64_t m = 0; m < n; ++m) {
+    const Row& r = rows[static_cast<size_t>(m)];
+    const List& l = lists[static_cast<size_t>(r.list)];
+    std::vector<int32_t> history = l.history;
+    for (int32_t at : r.extras) {
+      if (at >= 0) history.push_back(source[static_cast<size_t>(at)]);
+    }
+    SamplingParams p;
+    p.temperature = 1.0f;
+    p.repetition_penalty = r.repetition;
+    p.presence_penalty = r.presence;
+    p.frequency_penalty = r.frequency;
+    process_logits(row_of(want_source, m), {.tokens = history, .num_prompt = l.num_prompt}, p, ws);
+    const auto want = ws.penalised_logits();
+    const auto got = row_of(logits, m);
+    ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size_bytes()), 0) << "row " << m;
+  }
+}
+
+TEST(SamplingOps, ApplyPenaltiesRowsRejectsBadRowListsAndExtrasNamingThem) {
+  HostTensor logits(DType::kF32, {2, kVocab});
+  cpu().fill_uniform(logits, 4, -1.0f, 1.0f);
+  HostTensor before(DType::kF32, logits.shape());
+  std::memcpy(before.view().data(), logits.view().data(), logits.view().nbytes());
+  const HostTensor pen = f32_tensor({1.2f, 0.1f, 0.2f, 1.2f, 0.1f, 0.2f}, {2, 3});
+  const HostTensor b = i32_tensor({0, 2}), t = i32_tensor({4, 5}), c = i32_tensor({0, 1});
+  const HostTensor src = i32_tensor({7, kVocab, 9});
+  const auto expect_error = [&](const std::vector<int32_t>& row_list,
+                                const std::vector<int32_t>& extras, const std::string& needle) {
+    const HostTensor rl = i32_tensor(row_list);
+    HostTensor ei = i32_tensor(extras);
+    try {
+      cpu().apply_penalties_rows({.logits = logits,
+                                  .list_begin = b,
+                                  .tokens = t,
+                                  .counts = c,
+                                  .penalties = pen,
+                                  .row_list = rl,
+                                  .extra_source = src,
+                                  .extra_index = ei.view().reshape(Shape{2, 2})});
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(std::memcmp(logits.view().data(), before.view().data(), logits.view().nbytes()), 0)
+        << needle;
+  };
+  expect_error({0, 1}, {0, -1, -1, -1}, "row_list[1] = 1 names no list");
+  expect_error({0, -1}, {0, -1, -1, -1}, "row_list[1] = -1");
+  expect_error({0, 0}, {0, -1, 3, -1}, "extra_index[1, 0] = 3");
+  expect_error({0, 0}, {0, -2, -1, -1}, "extra_index[0, 1] = -2");
+  expect_error({0, 0}, {0, -1, -1, 1}, "extra_source[1] = 300");
+  // Without a row_list, one list per row is required.
+  try {
+    cpu().apply_penalties_rows(
+        {.logits = logits, .list_begin = b, .tokens = t, .counts = c, .penalties = pen});
+    ADD_FAILURE() << "one list for two rows accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("without a row_list"), std::string::npos) << e.what();
+  }
+}
+
 TEST(SamplingOps, ApplyPenaltiesRowsRejectsBadListsNamingTheEntry) {
   HostTensor logits(DType::kF32, {2, kVocab});
   cpu().fill_uniform(logits, 4, -1.0f, 1.0f);
@@ -277,7 +403,7 @@ TEST(SamplingOps, ApplyPenaltiesRowsRejectsBadListsNamingTheEntry) {
     const HostTensor b = i32_tensor(begin), t = i32_tensor(tokens), c = i32_tensor(counts);
     try {
       cpu().apply_penalties_rows(
-          {.logits = logits, .row_begin = b, .tokens = t, .counts = c, .penalties = pen});
+          {.logits = logits, .list_begin = b, .tokens = t, .counts = c, .penalties = pen});
       ADD_FAILURE() << "no error for " << needle;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -289,13 +415,13 @@ TEST(SamplingOps, ApplyPenaltiesRowsRejectsBadListsNamingTheEntry) {
   expect_error({0, 1, 3}, {4, 5, kVocab}, {0, 1, 0}, "tokens[2] = 300");
   expect_error({0, 2, 3}, {4, 4, 6}, {0, 1, 0}, "is listed twice");
   expect_error({0, 1, 2}, {4, 5}, {0, -1}, "negative count");
-  expect_error({0, 2, 1}, {4, 5}, {0, 1}, "row_begin[2] = 1");
-  expect_error({1, 1, 2}, {4, 5}, {0, 1}, "row_begin[0] = 1");
-  expect_error({0, 2}, {4, 5}, {0, 1}, "row_begin");  // one entry short of M + 1
+  expect_error({0, 2, 1}, {4, 5}, {0, 1}, "list_begin[2] = 1");
+  expect_error({1, 1, 2}, {4, 5}, {0, 1}, "list_begin[0] = 1");
+  expect_error({0, 2}, {4, 5}, {0, 1}, "list_begin");  // one entry short of M + 1
   // The same token in two rows is fine (lists are per row).
   const HostTensor b = i32_tensor({0, 1, 2}), t = i32_tensor({4, 4}), c = i32_tensor({1, 1});
   EXPECT_NO_THROW(cpu().apply_penalties_rows(
-      {.logits = logits, .row_begin = b, .tokens = t, .counts = c, .penalties = pen}));
+      {.logits = logits, .list_begin = b, .tokens = t, .counts = c, .penalties = pen}));
 }
 
 }  // namespace

@@ -148,56 +148,107 @@ void CpuBackend::speculative_accept_rows(const SpeculativeAcceptParams& p) {
 
 void CpuBackend::apply_penalties_rows(const PenaltyRowsParams& p) {
   constexpr const char* kOp = "apply_penalties_rows";
-  cpu::check_host(kOp, "logits", p.logits);
-  cpu::check_host(kOp, "row_begin", p.row_begin);
-  cpu::check_host(kOp, "tokens", p.tokens);
-  cpu::check_host(kOp, "counts", p.counts);
-  cpu::check_host(kOp, "penalties", p.penalties);
-  const ops::SamplingRowsDims d = ops::check_penalty_rows(kOp, p);
-  const auto* begin = p.row_begin.data_as<const int32_t>();
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"logits", &p.logits},
+                                {"list_begin", &p.list_begin},
+                                {"tokens", &p.tokens},
+                                {"counts", &p.counts},
+                                {"penalties", &p.penalties},
+                                {"row_list", &p.row_list},
+                                {"extra_source", &p.extra_source},
+                                {"extra_index", &p.extra_index}}) {
+    if (!t->empty() || t == &p.logits) cpu::check_host(kOp, name, *t);
+  }
+  const ops::PenaltyRowsDims d = ops::check_penalty_rows(kOp, p);
+  const auto* begin = p.list_begin.data_as<const int32_t>();
   const auto* tokens = p.tokens.data_as<const int32_t>();
   const auto* counts = p.counts.data_as<const int32_t>();
   const auto* pen = p.penalties.data_as<const float>();
+  const int32_t* row_list = p.row_list.empty() ? nullptr : p.row_list.data_as<const int32_t>();
+  const int32_t* extra_index = d.extras > 0 ? p.extra_index.data_as<const int32_t>() : nullptr;
+  const int32_t* extra_source = d.extras > 0 ? p.extra_source.data_as<const int32_t>() : nullptr;
+  const int64_t sources = d.extras > 0 ? p.extra_source.dim(0) : 0;
   const int64_t entries = p.tokens.dim(0);
-  if (begin[0] != 0) fail("{}: row_begin[0] = {}, want 0", kOp, begin[0]);
-  for (int64_t m = 0; m < d.rows; ++m) {
-    if (begin[m + 1] < begin[m] || begin[m + 1] > entries) {
-      fail("{}: row_begin[{}] = {} must lie in [row_begin[{}] = {}, {}] (tokens {})", kOp, m + 1,
-           begin[m + 1], m, begin[m], entries, p.tokens.describe());
+  if (begin[0] != 0) fail("{}: list_begin[0] = {}, want 0", kOp, begin[0]);
+  for (int64_t l = 0; l < d.lists; ++l) {
+    if (begin[l + 1] < begin[l] || begin[l + 1] > entries) {
+      fail("{}: list_begin[{}] = {} must lie in [list_begin[{}] = {}, {}] (tokens {})", kOp, l + 1,
+           begin[l + 1], l, begin[l], entries, p.tokens.describe());
     }
   }
-  // Every entry is checked before any logit changes. Distinctness within a
-  // row: marks set for the row, then cleared again (kept per thread, so that
-  // steady-state calls allocate nothing).
+  for (int64_t m = 0; row_list != nullptr && m < d.rows; ++m) {
+    if (row_list[m] < 0 || row_list[m] >= d.lists) {
+      fail("{}: row_list[{}] = {} names no list (there are {})", kOp, m, row_list[m], d.lists);
+    }
+  }
+  for (int64_t i = 0; i < d.rows * d.extras; ++i) {
+    const int32_t at = extra_index[i];
+    if (at < -1 || at >= sources) {
+      fail("{}: extra_index[{}, {}] = {} must be -1 or lie in [0, {}) (extra_source {})", kOp,
+           i / d.extras, i % d.extras, at, sources, p.extra_source.describe());
+    }
+    if (at >= 0 && (extra_source[at] < 0 || extra_source[at] >= d.vocab)) {
+      fail("{}: extra_source[{}] = {} (row {}'s extra {}) is outside the vocabulary [0, {})", kOp,
+           at, extra_source[at], i / d.extras, i % d.extras, d.vocab);
+    }
+  }
+  // Every entry is checked before any logit changes. Per-token scratch kept
+  // per thread (steady-state calls allocate nothing) and left all zero:
+  // `seen` marks a list's tokens during the check, and, while a row is
+  // penalised, `extra` counts its extras' occurrences (-1 once the token's
+  // list entry has taken them).
   thread_local std::vector<uint8_t> seen;
-  if (seen.size() < static_cast<size_t>(d.vocab)) seen.assign(static_cast<size_t>(d.vocab), 0);
+  thread_local std::vector<int32_t> extra;
+  if (seen.size() < static_cast<size_t>(d.vocab)) {
+    seen.assign(static_cast<size_t>(d.vocab), 0);
+    extra.assign(static_cast<size_t>(d.vocab), 0);
+  }
   const auto clear_marks = [&](int32_t from, int32_t to) {
     for (int32_t e = from; e < to; ++e) {
       if (tokens[e] >= 0 && tokens[e] < d.vocab) seen[static_cast<size_t>(tokens[e])] = 0;
     }
   };
-  for (int64_t m = 0; m < d.rows; ++m) {
-    for (int32_t e = begin[m]; e < begin[m + 1]; ++e) {
+  for (int64_t l = 0; l < d.lists; ++l) {
+    for (int32_t e = begin[l]; e < begin[l + 1]; ++e) {
       const int32_t t = tokens[e];
       const char* problem = t < 0 || t >= d.vocab               ? "is outside the vocabulary"
                             : counts[e] < 0                     ? "has a negative count"
                             : seen[static_cast<size_t>(t)] != 0 ? "is listed twice"
                                                                 : nullptr;
       if (problem != nullptr) {
-        clear_marks(begin[m], e);
-        fail("{}: tokens[{}] = {} (row {}, counts[{}] = {}) {} (vocabulary [0, {}))", kOp, e, t, m,
+        clear_marks(begin[l], e);
+        fail("{}: tokens[{}] = {} (list {}, counts[{}] = {}) {} (vocabulary [0, {}))", kOp, e, t, l,
              e, counts[e], problem, d.vocab);
       }
       seen[static_cast<size_t>(t)] = 1;
     }
-    clear_marks(begin[m], begin[m + 1]);
+    clear_marks(begin[l], begin[l + 1]);
   }
   for (int64_t m = 0; m < d.rows; ++m) {
     float* row = p.logits.data_as<float>() + m * d.vocab;
-    for (int32_t e = begin[m]; e < begin[m + 1]; ++e) {
-      float& x = row[tokens[e]];
-      x = penalised_logit(x, counts[e], pen[m * 3], pen[m * 3 + 1], pen[m * 3 + 2]);
+    const int64_t l = row_list != nullptr ? row_list[m] : m;
+    const float repetition = pen[m * 3], presence = pen[m * 3 + 1], frequency = pen[m * 3 + 2];
+    const int32_t* row_extras = extra_index != nullptr ? extra_index + m * d.extras : nullptr;
+    for (int64_t e = 0; e < d.extras; ++e) {
+      if (row_extras[e] >= 0) extra[static_cast<size_t>(extra_source[row_extras[e]])] += 1;
     }
+    for (int32_t e = begin[l]; e < begin[l + 1]; ++e) {
+      int32_t& more = extra[static_cast<size_t>(tokens[e])];
+      const int32_t count = counts[e] + (more > 0 ? more : 0);
+      more = -1;  // done: the extras' pass below leaves it alone
+      float& x = row[tokens[e]];
+      x = penalised_logit(x, count, repetition, presence, frequency);
+    }
+    for (int64_t e = 0; e < d.extras; ++e) {
+      if (row_extras[e] < 0) continue;
+      int32_t& more = extra[static_cast<size_t>(extra_source[row_extras[e]])];
+      if (more > 0) {  // an extra the list lacks, at its first occurrence
+        float& x = row[extra_source[row_extras[e]]];
+        x = penalised_logit(x, more, repetition, presence, frequency);
+      }
+      more = 0;
+    }
+    // Tokens of the list that no extra named are still marked -1.
+    for (int32_t e = begin[l]; e < begin[l + 1]; ++e) extra[static_cast<size_t>(tokens[e])] = 0;
   }
 }
 

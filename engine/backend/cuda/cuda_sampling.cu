@@ -695,31 +695,74 @@ void CudaBackend::speculative_accept_rows(const SpeculativeAcceptParams& p) {
 
 namespace {
 
-// Row blockIdx.x of apply_penalties_rows: its threads take the row's entries
-// in turn (distinct tokens, so no two touch one logit). penalised_logit
-// (sampler.h) with every operation rounded as the host's: explicit IEEE
-// intrinsics, so nvcc cannot contract x · y + z into an fma.
+// penalised_logit (sampler.h) with every operation rounded as the host's:
+// explicit IEEE intrinsics, so nvcc cannot contract x · y + z into an fma.
+__device__ float penalised_logit_ieee(float x, int32_t generated, float repetition, float presence,
+                                      float frequency) {
+  if (repetition != 1.0f && x != -INFINITY) {
+    x = x > 0.0f ? __fdiv_rn(x, repetition) : __fmul_rn(x, repetition);
+  }
+  if (generated > 0) {
+    x = __fsub_rn(x, __fadd_rn(presence, __fmul_rn(frequency, static_cast<float>(generated))));
+  }
+  return x;
+}
+
+// Row blockIdx.x of apply_penalties_rows. The row's extras (at most
+// kMaxPenaltyExtras) are read into shared memory; then the threads take the
+// list's entries in turn (distinct tokens, so no two touch one logit), each
+// adding the extras equal to its token to its count and marking them as
+// taken; last, one thread per extra penalises an extra the list lacks, at its
+// first occurrence, with its number of occurrences.
 __global__ void __launch_bounds__(kThreads)
-    apply_penalties_kernel(float* __restrict__ logits, const int32_t* __restrict__ row_begin,
+    apply_penalties_kernel(float* __restrict__ logits, const int32_t* __restrict__ list_begin,
                            const int32_t* __restrict__ tokens, const int32_t* __restrict__ counts,
-                           const float* __restrict__ penalties, int64_t vocab) {
+                           const float* __restrict__ penalties,
+                           const int32_t* __restrict__ row_list, int32_t lists,
+                           const int32_t* __restrict__ extra_source, int64_t sources,
+                           const int32_t* __restrict__ extra_index, int32_t extras, int64_t vocab) {
+  __shared__ int32_t extra[kMaxPenaltyExtras];
+  __shared__ int32_t taken[kMaxPenaltyExtras];
   const int64_t m = blockIdx.x;
+  const int32_t l = row_list != nullptr ? row_list[m] : static_cast<int32_t>(m);
+  if (l < 0 || l >= lists) return;  // the contract: device backends skip it
   const float repetition = penalties[m * 3];
   const float presence = penalties[m * 3 + 1];
   const float frequency = penalties[m * 3 + 2];
+  if (static_cast<int32_t>(threadIdx.x) < extras) {
+    const int32_t at = extra_index[m * extras + threadIdx.x];
+    const int32_t t = at >= 0 && at < sources ? extra_source[at] : -1;
+    extra[threadIdx.x] = t >= 0 && t < vocab ? t : -1;
+    taken[threadIdx.x] = 0;
+  }
+  __syncthreads();
   float* row = logits + m * vocab;
-  for (int32_t e = row_begin[m] + static_cast<int32_t>(threadIdx.x); e < row_begin[m + 1];
+  for (int32_t e = list_begin[l] + static_cast<int32_t>(threadIdx.x); e < list_begin[l + 1];
        e += kThreads) {
     const int32_t t = tokens[e];
-    if (t < 0 || t >= vocab) continue;  // the contract: device backends skip it
-    float x = row[t];
-    if (repetition != 1.0f && x != -INFINITY) {
-      x = x > 0.0f ? __fdiv_rn(x, repetition) : __fmul_rn(x, repetition);
+    if (t < 0 || t >= vocab) continue;
+    int32_t count = counts[e];
+    for (int32_t j = 0; j < extras; ++j) {
+      if (extra[j] == t) {
+        ++count;
+        taken[j] = 1;  // only this thread's token equals extra[j]
+      }
     }
-    if (counts[e] > 0) {
-      x = __fsub_rn(x, __fadd_rn(presence, __fmul_rn(frequency, static_cast<float>(counts[e]))));
+    row[t] = penalised_logit_ieee(row[t], count, repetition, presence, frequency);
+  }
+  __syncthreads();
+  const int32_t j = static_cast<int32_t>(threadIdx.x);
+  if (j < extras && extra[j] >= 0 && taken[j] == 0) {
+    const int32_t t = extra[j];
+    bool first = true;
+    int32_t count = 0;
+    for (int32_t i = 0; i < extras; ++i) {
+      if (extra[i] == t) {
+        ++count;
+        first = first && i >= j;
+      }
     }
-    row[t] = x;
+    if (first) row[t] = penalised_logit_ieee(row[t], count, repetition, presence, frequency);
   }
 }
 
@@ -728,18 +771,31 @@ __global__ void __launch_bounds__(kThreads)
 void CudaBackend::apply_penalties_rows(const PenaltyRowsParams& p) {
   OpTimer timer(*this, "apply_penalties_rows");
   constexpr const char* kOp = "apply_penalties_rows";
-  check_on(*this, kOp, "logits", p.logits);
-  check_on(*this, kOp, "row_begin", p.row_begin);
-  check_on(*this, kOp, "tokens", p.tokens);
-  check_on(*this, kOp, "counts", p.counts);
-  check_on(*this, kOp, "penalties", p.penalties);
-  const ops::SamplingRowsDims d = ops::check_penalty_rows(kOp, p);
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"logits", &p.logits},
+                                {"list_begin", &p.list_begin},
+                                {"tokens", &p.tokens},
+                                {"counts", &p.counts},
+                                {"penalties", &p.penalties},
+                                {"row_list", &p.row_list},
+                                {"extra_source", &p.extra_source},
+                                {"extra_index", &p.extra_index}}) {
+    if (!t->empty() || t == &p.logits) check_on(*this, kOp, name, *t);
+  }
+  const ops::PenaltyRowsDims d = ops::check_penalty_rows(kOp, p);
   if (d.rows == 0) return;
-  if (d.rows > std::numeric_limits<int32_t>::max()) fail("{}: too many rows", kOp);
+  if (d.rows > std::numeric_limits<int32_t>::max() ||
+      d.lists > std::numeric_limits<int32_t>::max()) {
+    fail("{}: too many rows or lists", kOp);
+  }
+  const bool extras = d.extras > 0;
   apply_penalties_kernel<<<static_cast<unsigned>(d.rows), kThreads, 0, stream()>>>(
-      p.logits.data_as<float>(), p.row_begin.data_as<const int32_t>(),
+      p.logits.data_as<float>(), p.list_begin.data_as<const int32_t>(),
       p.tokens.data_as<const int32_t>(), p.counts.data_as<const int32_t>(),
-      p.penalties.data_as<const float>(), d.vocab);
+      p.penalties.data_as<const float>(),
+      p.row_list.empty() ? nullptr : p.row_list.data_as<const int32_t>(),
+      static_cast<int32_t>(d.lists), extras ? p.extra_source.data_as<const int32_t>() : nullptr,
+      extras ? p.extra_source.dim(0) : 0, extras ? p.extra_index.data_as<const int32_t>() : nullptr,
+      static_cast<int32_t>(d.extras), d.vocab);
   check_cuda(cudaGetLastError(), "apply_penalties_kernel");
 }
 

@@ -430,5 +430,58 @@ TEST(DeviceSampling, PenaltiesWithoutADrafterMatchTheHost) {
   }
 }
 
+// With a drafter, rows with penalties sample on the backend as well: each
+// draft step and window row is penalised for the row's history plus the drafts
+// before it (extras read where they lie). The same tokens and acceptances as
+// the host path at every draft length and batch size, one readback per round;
+// greedy rows with penalties emit what they emit without speculation.
+TEST(DeviceSampling, PenaltiesWithADrafterMatchTheHost) {
+  if (!testing::golden_exists("e2b_like") || !testing::golden_exists("e2b_like_assistant"))
+    GTEST_SKIP();
+  auto target = gemma4::Gemma4Model::load(golden_dir("e2b_like"));
+  auto drafter = assistant::AssistantDrafter::load(golden_dir("e2b_like_assistant"),
+                                                   target->config(), target->backend());
+  assistant::AssistantDraftSource source(*target, *drafter);
+  const int vocab = target->config().vocab_size;
+  constexpr int kTokens = 20;
+  int64_t drafted = 0, accepted = 0;
+  for (int batch : {1, 3, 8}) {
+    const auto reqs = testing::penalised_requests(batch, vocab, kTokens);
+    const auto plain = spec::decode(*target, nullptr, reqs, {});
+    for (int k : {1, 2, 4, 8}) {
+      const DraftSchedule schedule{.draft_tokens = k};
+      std::vector<spec::DecodeResult> host;
+      {
+        const testing::ScopedEnv env("SPECULA_HOST_SAMPLING", true);
+        host = spec::decode(*target, &source, reqs, schedule);
+      }
+      const int64_t before = target->backend().readback_count();
+      const auto device = spec::decode(*target, &source, reqs, schedule);
+      int64_t rounds = 0;
+      for (const auto& r : device) rounds = std::max(rounds, r.stats.rounds);
+      EXPECT_EQ(target->backend().readback_count() - before, 1 + rounds)
+          << "one readback per round (and one for the prefill); batch " << batch << " k " << k;
+      for (int b = 0; b < batch; ++b) {
+        const auto i = static_cast<size_t>(b);
+        ASSERT_EQ(device[i].tokens, host[i].tokens)
+            << "batch " << batch << " k " << k << " row " << b;
+        EXPECT_EQ(device[i].stats.accepted, host[i].stats.accepted);
+        if (reqs[i].params.greedy()) {
+          EXPECT_EQ(device[i].tokens, plain[i].tokens)
+              << "greedy row " << b << " with penalties, batch " << batch << " k " << k;
+        }
+        if (reqs[i].params.has_penalties()) {
+          drafted += device[i].stats.drafted;
+          accepted += device[i].stats.accepted;
+        }
+      }
+    }
+  }
+  // Drafts were accepted in rows with penalties, so later drafts and window
+  // rows were penalised for them.
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
+}
+
 }  // namespace
 }  // namespace specula
