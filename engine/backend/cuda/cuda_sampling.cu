@@ -4,8 +4,10 @@
 // runs engine/sampling itself, and tests/cuda/sampling_test.cpp holds these
 // kernels to it).
 //
-// One 1,024-thread block per row; a vocabulary row (262,144 floats) is read a
-// few times from L2. Numerics follow the host pipeline operation for
+// 1,024-thread blocks: a cluster of eight per row for process_logits_rows (the
+// radix passes of top-k and top-p would keep one SM busy for ~0.6 ms at
+// V = 262,144), one per row for the others; a vocabulary row (262,144 floats)
+// is read a few times from L2. Numerics follow the host pipeline operation for
 // operation: weights exp((l - max) / T) in f32 (exp_f32: a double exp rounded
 // once, as close to glibc's expf as f32 gets), sums in double, probabilities
 // float(w · (1 / Σw)). Only the order of the double sums differs from the
@@ -21,6 +23,7 @@
 // tied with w* that the nucleus needs, as the CPU's sort by (weight desc, id
 // asc) keeps them. The fixed-point error (at most V · 2^-43 ≈ 3e-8 of the
 // mass) can move w* only when top_p · Σw lies that close to a partial sum.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -33,6 +36,8 @@
 
 namespace specula::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
@@ -67,26 +72,31 @@ __device__ __forceinline__ long long block_sum(long long v, long long* partials)
 // H200 SM instead of ~10).
 constexpr int kBatch = 8;
 
-// f(j, x, valid) for this thread's elements j = tid, tid + kThreads, ... of a
-// row of n, in increasing j (the order of the plain strided loop, so sums keep
-// their bits), with x = load(j); kBatch loads are issued together. f is also
-// called past the end (valid false, x = 0) so that every lane of a warp calls it
-// equally often (for warp-collective work inside f).
+// f(j, x, valid) for this thread's elements j = lo + tid, lo + tid + kThreads,
+// ... of [lo, hi), in increasing j (the order of the plain strided loop, so
+// sums keep their bits), with x = load(j); kBatch loads are issued together. f
+// is also called past the end (valid false, x = 0) so that every lane of a warp
+// calls it equally often (for warp-collective work inside f).
 template <typename Load, typename F>
-__device__ __forceinline__ void stream_row(long long n, Load load, F f) {
-  for (long long base = 0; base < n; base += static_cast<long long>(kThreads) * kBatch) {
+__device__ __forceinline__ void stream_range(long long lo, long long hi, Load load, F f) {
+  for (long long base = lo; base < hi; base += static_cast<long long>(kThreads) * kBatch) {
     float x[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const long long j = base + u * kThreads + threadIdx.x;
-      x[u] = j < n ? load(j) : 0.0f;
+      x[u] = j < hi ? load(j) : 0.0f;
     }
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const long long j = base + u * kThreads + threadIdx.x;
-      f(j, x[u], j < n);
+      f(j, x[u], j < hi);
     }
   }
+}
+// stream_range over a whole row of n.
+template <typename Load, typename F>
+__device__ __forceinline__ void stream_row(long long n, Load load, F f) {
+  stream_range(0, n, load, f);
 }
 
 // The largest value with the lowest index on ties (idx == n: none yet).
@@ -317,8 +327,58 @@ __device__ __forceinline__ void hist_merge(const RadixHist& h, bool with_mass) {
 }
 
 // ---- process_logits_rows ----
+//
+// A row is processed by a cluster of kRowBlocks blocks (one SM each), block r
+// taking the slice [r · span, (r + 1) · span) of the vocabulary: a batch-1 call
+// then streams its row with 8 SMs instead of one. Everything the pipeline
+// decides for the whole row (the argmax, the top-k key, the weights' sum, the
+// top-p threshold and its ties, the kept mass) comes from per-block partials
+// combined through distributed shared memory in rank order after a cluster
+// barrier: every block combines the same partials in the same order, so all of
+// them take the same decisions, and a row's bits do not depend on the other
+// rows of the call.
+constexpr int kRowBlocks = 8;
 
-__global__ void __launch_bounds__(kThreads)
+// One block's partials for a cluster exchange (thread 0 fills them).
+struct RowPartials {
+  double d;
+  long long i[3];
+  float f;
+};
+
+// Every thread of the row's blocks calls it together after thread 0 of each
+// block filled `mine`; visit(r, partials of block r) runs in every thread for
+// r = 0 .. kRowBlocks - 1 in order. The barriers on both sides order the
+// writes before the reads and the reads before anyone's next write (or exit).
+template <typename Visit>
+__device__ __forceinline__ void row_exchange(RowPartials& mine, Visit visit) {
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  for (int r = 0; r < kRowBlocks; ++r) visit(r, *cluster.map_shared_rank(&mine, r));
+  cluster.sync();
+}
+
+// The row's histogram: row_count[b] (and row_mass[b]) = Σ over the blocks, in
+// rank order, of their hist_merge totals.
+__device__ __forceinline__ void row_hist_total(unsigned* block_count,
+                                               unsigned long long* block_mass, unsigned* row_count,
+                                               unsigned long long* row_mass, bool with_mass) {
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  for (int b = threadIdx.x; b < kBins; b += kThreads) {
+    unsigned c = 0;
+    unsigned long long m = 0;
+    for (int r = 0; r < kRowBlocks; ++r) {
+      c += cluster.map_shared_rank(block_count, r)[b];
+      if (with_mass) m += cluster.map_shared_rank(block_mass, r)[b];
+    }
+    row_count[b] = c;
+    if (with_mass) row_mass[b] = m;
+  }
+  cluster.sync();
+}
+
+__global__ void __cluster_dims__(kRowBlocks, 1, 1) __launch_bounds__(kThreads)
     process_logits_kernel(const float* logits, const RowSampling* params, float* probs,
                           long long n) {
   __shared__ double sum_partials[kWarps];
@@ -327,6 +387,9 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ long long best_ids[kWarps];
   __shared__ unsigned hist_count[kBins];
   __shared__ unsigned long long hist_mass[kBins];
+  __shared__ unsigned row_count[kBins];
+  __shared__ unsigned long long row_mass[kBins];
+  __shared__ RowPartials partials;
   extern __shared__ unsigned long long warp_hist[];  // kHistBytes
   const RadixHist hist{reinterpret_cast<unsigned*>(warp_hist + kWarps * kBins), warp_hist,
                        hist_count, hist_mass};
@@ -335,7 +398,10 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ unsigned long long chosen_above;
   __shared__ unsigned tile_counts[kWarps];
 
-  const long long row = blockIdx.x;
+  const long long row = blockIdx.x / kRowBlocks;
+  const auto rank = static_cast<int>(cg::this_cluster().block_rank());
+  const long long span = ((n + kRowBlocks - 1) / kRowBlocks + 31) / 32 * 32;
+  const long long lo = min(n, rank * span), hi = min(n, lo + span);
   const float* l = logits + row * n;
   float* out = probs + row * n;  // may be l itself: see the pass order below
   const RowSampling ps = params[row];
@@ -344,8 +410,8 @@ __global__ void __launch_bounds__(kThreads)
   // Pass 1 (reads l): validity and the argmax, lowest index on ties.
   Best best{-kInf, n};
   long long invalid = 0;
-  stream_row(
-      n, [l](long long j) { return l[j]; },
+  stream_range(
+      lo, hi, [l](long long j) { return l[j]; },
       [&](long long j, float x, bool valid) {
         if (!valid) return;
         if (isnan(x) || x == kInf) {
@@ -356,12 +422,19 @@ __global__ void __launch_bounds__(kThreads)
       });
   best = block_best(best, best_values, best_ids);
   invalid = block_sum(invalid, int_partials);
+  if (tid == 0) partials.f = best.value, partials.i[0] = best.idx, partials.i[1] = invalid;
+  best = Best{-kInf, n};
+  invalid = 0;
+  row_exchange(partials, [&](int, const RowPartials& p) {
+    best = better_of(best, Best{p.f, p.i[0]});
+    invalid += p.i[1];
+  });
   if (invalid > 0 || best.value == -kInf) {
-    for (long long j = tid; j < n; j += kThreads) out[j] = __int_as_float(0x7fc00000);
+    for (long long j = lo + tid; j < hi; j += kThreads) out[j] = __int_as_float(0x7fc00000);
     return;
   }
   if (ps.temperature == 0.0f) {
-    for (long long j = tid; j < n; j += kThreads) out[j] = j == best.idx ? 1.0f : 0.0f;
+    for (long long j = lo + tid; j < hi; j += kThreads) out[j] = j == best.idx ? 1.0f : 0.0f;
     return;
   }
 
@@ -373,8 +446,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int shift = 24; shift >= 0; shift -= 8) {
       hist_clear(hist, false);
       __syncthreads();
-      stream_row(
-          n, [l](long long j) { return l[j]; },
+      stream_range(
+          lo, hi, [l](long long j) { return l[j]; },
           [&](long long, float x, bool valid) {
             const uint32_t key = ordered_key(x);
             hist_add(hist, valid && (key & mask) == prefix ? (key >> shift) & 0xffu : kNoBin, 0,
@@ -382,16 +455,16 @@ __global__ void __launch_bounds__(kThreads)
           });
       __syncthreads();
       hist_merge(hist, false);
-      __syncthreads();
+      row_hist_total(hist_count, hist_mass, row_count, row_mass, false);
       if (tid == 0) {
         long long above = 0;
         int digit = 0;
         for (int b = kBins - 1; b >= 0; --b) {
-          if (above + hist_count[b] >= rest) {
+          if (above + row_count[b] >= rest) {
             digit = b;
             break;
           }
-          above += hist_count[b];
+          above += row_count[b];
         }
         chosen_digit = static_cast<unsigned>(digit);
         chosen_rest = rest - above;
@@ -407,8 +480,8 @@ __global__ void __launch_bounds__(kThreads)
   // Pass 3 (reads l[j], then writes out[j], by the same thread): the weights.
   // From here on only out is read, so out may be l.
   double total = 0.0;
-  stream_row(
-      n, [l](long long j) { return l[j]; },
+  stream_range(
+      lo, hi, [l](long long j) { return l[j]; },
       [&](long long j, float x, bool valid) {
         if (!valid) return;
         float w = 0.0f;
@@ -418,6 +491,9 @@ __global__ void __launch_bounds__(kThreads)
         total += w;
       });
   total = block_sum(total, sum_partials);
+  if (tid == 0) partials.d = total;
+  total = 0.0;
+  row_exchange(partials, [&](int, const RowPartials& p) { total += p.d; });
 
   // Top-p: keep every weight above w*, and of those equal to it the lowest ids
   // the nucleus needs; `floor` is the smallest weight kept.
@@ -433,8 +509,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int shift = 24; shift >= 0; shift -= 8) {
       hist_clear(hist, true);
       __syncthreads();
-      stream_row(
-          n, [out](long long j) { return out[j]; },
+      stream_range(
+          lo, hi, [out](long long j) { return out[j]; },
           [&](long long, float w, bool) {
             const uint32_t key =
                 __float_as_uint(w);  // w >= 0: bits in value order (0 past the end)
@@ -444,22 +520,22 @@ __global__ void __launch_bounds__(kThreads)
           });
       __syncthreads();
       hist_merge(hist, true);
-      __syncthreads();
+      row_hist_total(hist_count, hist_mass, row_count, row_mass, true);
       if (tid == 0) {
         unsigned long long cum = above_fx;
         int digit = -1, lowest = 0;
         for (int b = kBins - 1; b >= 0; --b) {
-          if (hist_count[b] == 0) continue;
+          if (row_count[b] == 0) continue;
           lowest = b;
-          if (cum + hist_mass[b] >= target_fx) {
+          if (cum + row_mass[b] >= target_fx) {
             digit = b;
             break;
           }
-          cum += hist_mass[b];
+          cum += row_mass[b];
         }
         if (digit < 0) {  // the target is past the whole mass (rounding): the smallest weight
           digit = lowest;
-          cum -= hist_mass[lowest];
+          cum -= row_mass[lowest];
         }
         chosen_digit = static_cast<unsigned>(digit);
         chosen_above = cum;
@@ -473,8 +549,8 @@ __global__ void __launch_bounds__(kThreads)
     // Exact double sums settle the ties.
     double mass_above = 0.0;
     long long ties = 0, n_above = 0;
-    stream_row(
-        n, [out](long long j) { return out[j]; },
+    stream_range(
+        lo, hi, [out](long long j) { return out[j]; },
         [&](long long, float w, bool valid) {
           if (!valid) return;
           if (w > w_star) {
@@ -487,6 +563,17 @@ __global__ void __launch_bounds__(kThreads)
     mass_above = block_sum(mass_above, sum_partials);
     ties = block_sum(ties, int_partials);
     n_above = block_sum(n_above, int_partials);
+    if (tid == 0) partials.d = mass_above, partials.i[0] = ties, partials.i[1] = n_above;
+    const long long block_ties = ties;
+    long long ties_before = 0;  // in the blocks before this one: their ids are lower
+    mass_above = 0.0;
+    ties = n_above = 0;
+    row_exchange(partials, [&](int r, const RowPartials& p) {
+      mass_above += p.d;
+      if (r < rank) ties_before += p.i[0];
+      ties += p.i[0];
+      n_above += p.i[1];
+    });
     // The CPU keeps a token while the mass before it is below the target.
     long long keep_ties;
     if (mass_above >= target) {
@@ -497,12 +584,13 @@ __global__ void __launch_bounds__(kThreads)
                       ? 1
                       : (need >= static_cast<double>(ties) ? ties : static_cast<long long>(need));
     }
-    if (keep_ties < ties) {
+    if (keep_ties < ties && ties_before + block_ties > keep_ties) {
       // Drop the ties past the first keep_ties in id order (tiles of kThreads).
-      long long seen = 0;
-      for (long long base = 0; base < n && seen < ties; base += kThreads) {
+      long long seen = ties_before;
+      const long long end = ties_before + block_ties;
+      for (long long base = lo; base < hi && seen < end; base += kThreads) {
         const long long j = base + tid;
-        const bool tie = j < n && out[j] == w_star;
+        const bool tie = j < hi && out[j] == w_star;
         const unsigned ballot = __ballot_sync(0xffffffffu, tie);
         if (lane_id() == 0) tile_counts[warp_id()] = __popc(ballot);
         __syncthreads();
@@ -525,16 +613,19 @@ __global__ void __launch_bounds__(kThreads)
   double kept = total;
   if (floor > 0.0f) {
     kept = 0.0;
-    stream_row(
-        n, [out](long long j) { return out[j]; },
+    stream_range(
+        lo, hi, [out](long long j) { return out[j]; },
         [&](long long, float w, bool) {
           if (w > 0.0f && w >= floor) kept += w;  // 0 past the end
         });
     kept = block_sum(kept, sum_partials);
+    if (tid == 0) partials.d = kept;
+    kept = 0.0;
+    row_exchange(partials, [&](int, const RowPartials& p) { kept += p.d; });
   }
   const double inv = 1.0 / kept;
-  stream_row(
-      n, [out](long long j) { return out[j]; },
+  stream_range(
+      lo, hi, [out](long long j) { return out[j]; },
       [&](long long j, float w, bool valid) {
         if (valid) out[j] = (w > 0.0f && w >= floor) ? static_cast<float>(w * inv) : 0.0f;
       });
@@ -650,9 +741,12 @@ void CudaBackend::process_logits_rows(const Tensor& logits, const Tensor& params
     fail("{}: too many rows in {}", kOp, logits.describe());
   allow_dynamic_smem(reinterpret_cast<const void*>(&process_logits_kernel), kHistBytes,
                      "process_logits_kernel");
-  process_logits_kernel<<<static_cast<unsigned>(d.rows), kThreads, kHistBytes, stream()>>>(
-      logits.data_as<const float>(), static_cast<const RowSampling*>(params.data()),
-      probs.data_as<float>(), d.vocab);
+  if (d.rows > std::numeric_limits<int32_t>::max() / kRowBlocks)
+    fail("{}: too many rows in {}", kOp, logits.describe());
+  process_logits_kernel<<<static_cast<unsigned>(d.rows * kRowBlocks), kThreads, kHistBytes,
+                          stream()>>>(logits.data_as<const float>(),
+                                      static_cast<const RowSampling*>(params.data()),
+                                      probs.data_as<float>(), d.vocab);
   check_cuda(cudaGetLastError(), "process_logits_kernel");
 }
 
