@@ -2,9 +2,9 @@
 // The device sampling ops (cuda_sampling.cu) against the CPU backend, which
 // runs the host sampling pipeline itself: process_logits_rows keeps the same
 // tokens with the same probabilities (to an ulp) for every truncation, ties,
-// masked tokens, greedy rows and in place; sample_rows and
-// speculative_accept_rows choose the same tokens for the same uniforms; bad
-// rows come back as -1; repeated runs give the same bits.
+// masked tokens, greedy rows, in place and a row alone as in a batch;
+// sample_rows and speculative_accept_rows choose the same tokens for the same
+// uniforms; bad rows come back as -1; repeated runs give the same bits.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -125,6 +125,17 @@ TEST(CudaSampling, ProcessLogitsRowsMatchesTheHostPipeline) {
     const HostTensor again = probs.pull();
     EXPECT_EQ(std::memcmp(again.view().data(), got.view().data(), got.view().nbytes()), 0)
         << "V " << vocab << ": a second run differs";
+    // A row alone gives the bits it gets inside the batch (the cluster of
+    // blocks per row combines only that row's partials).
+    Twin one(DType::kF32, {1, vocab});
+    for (int64_t r = 0; r < rows; r += 3) {
+      gpu_be().process_logits_rows(logits.dev.slice_rows(r, r + 1), params.dev.slice_rows(r, r + 1),
+                                   one.dev);
+      const HostTensor alone = one.pull();
+      EXPECT_EQ(
+          std::memcmp(alone.view().data(), got.data<float>() + r * vocab, alone.view().nbytes()), 0)
+          << "V " << vocab << " row " << r << ": alone differs from inside the batch";
+    }
     gpu_be().process_logits_rows(logits.dev, params.dev, logits.dev);
     const HostTensor in_place = logits.pull();
     EXPECT_EQ(std::memcmp(in_place.view().data(), got.view().data(), got.view().nbytes()), 0)
