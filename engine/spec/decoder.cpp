@@ -20,6 +20,57 @@ double seconds_since(Clock::time_point t0) {
 }
 
 // Everything the loop keeps per request.
+// A row's penalty list kept up to date as its history grows (device
+// penalties): its history's distinct tokens in first-occurrence order, each
+// with its count past the prompt, so that a round adds only the tokens emitted
+// since the last one instead of walking the whole history. The token -> entry
+// map is an open-addressing table sized once for the row's longest history, so
+// steady-state rounds allocate nothing.
+class PenaltyList {
+ public:
+  // Room for histories of up to `max_history` tokens.
+  void reserve(size_t max_history) {
+    size_t cap = 16;
+    shift_ = 60;
+    while (cap < 2 * max_history) cap *= 2, --shift_;
+    keys_.assign(cap, -1);
+    entries_.assign(cap, 0);
+    tokens_.reserve(max_history);
+    counts_.reserve(max_history);
+  }
+  // Takes in history[absorbed ..]; the history only grows (drafts never enter
+  // it on the device path) and its first num_prompt tokens are the prompt.
+  void update(std::span<const int32_t> history, size_t num_prompt) {
+    SPECULA_CHECK(history.size() >= absorbed_, "a penalty list saw {} tokens, the history has {}",
+                  absorbed_, history.size());
+    for (; absorbed_ < history.size(); ++absorbed_) {
+      const int32_t t = history[absorbed_];
+      const size_t mask = keys_.size() - 1;
+      // Fibonacci hashing: the product's top bits pick the slot.
+      size_t at = static_cast<size_t>((static_cast<uint64_t>(t) * 0x9E3779B97F4A7C15ull) >> shift_);
+      while (keys_[at] != t && keys_[at] != -1) at = (at + 1) & mask;
+      if (keys_[at] == -1) {
+        SPECULA_CHECK(tokens_.size() < tokens_.capacity(), "penalty list outgrew its {} entries",
+                      tokens_.capacity());
+        keys_[at] = t;
+        entries_[at] = static_cast<int32_t>(tokens_.size());
+        tokens_.push_back(t);
+        counts_.push_back(0);
+      }
+      if (absorbed_ >= num_prompt) ++counts_[static_cast<size_t>(entries_[at])];
+    }
+  }
+  std::span<const int32_t> tokens() const { return tokens_; }
+  std::span<const int32_t> counts() const { return counts_; }
+
+ private:
+  std::vector<int32_t> keys_;     // token ids, -1 = empty slot
+  std::vector<int32_t> entries_;  // each key's index in tokens_ / counts_
+  std::vector<int32_t> tokens_, counts_;
+  int shift_ = 60;       // 64 - log2(table size)
+  size_t absorbed_ = 0;  // history tokens taken in
+};
+
 struct Row {
   const DecodeRequest* request = nullptr;
   SequenceKv kv;
@@ -37,6 +88,7 @@ struct Row {
   // rounds draw them (one per draft, then one per window row), so that both
   // paths turn one seed into the same tokens.
   std::vector<double> round_u;
+  PenaltyList penalty_list;  // device penalties only
   bool done = false;
   DecodeResult result;
 };
@@ -166,8 +218,9 @@ struct DeviceRounds {
   }
 
   // Penalties on the device. Each round stages one list per active row (its
-  // history's distinct tokens and generated counts, rebuilt from the history
-  // the host holds, which ends with the pending token) and, for every penalty
+  // history's distinct tokens and generated counts, the row's PenaltyList
+  // brought up to the history the host holds, which ends with the pending
+  // token) and, for every penalty
   // row, in the sections of the uniforms (draft step s: B each | window:
   // B·(max_k+1)), the row's list, penalties and extras: the drafts before it,
   // as positions in `ids` (PenaltyRowsParams). So draft step s sees the
@@ -177,7 +230,7 @@ struct DeviceRounds {
   std::vector<int32_t> host_pen_begin, host_pen_tokens, host_pen_counts, host_pen_row_list,
       host_pen_extras;
   std::vector<float> host_pen_params;
-  std::vector<int32_t> pen_slot;  // [V]: 1 + a token's entry in the list being staged, or 0
+  bool pen_on = false;
   int64_t pen_lists = 0;
   void enable_penalties(Backend& be, int64_t entries) {
     const auto rows = static_cast<size_t>(sample_rows());
@@ -195,29 +248,22 @@ struct DeviceRounds {
       pen_extras = DeviceBuffer(be, rows * static_cast<size_t>(max_k) * sizeof(int32_t));
       host_pen_extras.assign(rows * static_cast<size_t>(max_k), -1);
     }
-    pen_slot.assign(static_cast<size_t>(V), 0);
+    pen_on = true;
   }
-  bool penalties() const { return !pen_slot.empty(); }
-  // Appends the next list (returned): `history`'s distinct tokens, counted
-  // past its prompt, when p has penalties (else an empty list).
-  int32_t stage_list(const TokenHistory& history, const SamplingParams& p) {
+  bool penalties() const { return pen_on; }
+  // Appends the next list (returned): `list`'s entries when p has penalties
+  // (else an empty list).
+  int32_t stage_list(const PenaltyList& list, const SamplingParams& p) {
     SPECULA_CHECK(pen_lists < B, "more than {} penalty lists in a round", B);
     const int32_t start = host_pen_begin[static_cast<size_t>(pen_lists)];
     int32_t n = start;
     if (p.has_penalties()) {
-      const auto cap = static_cast<int32_t>(host_pen_tokens.size());
-      for (size_t i = 0; i < history.tokens.size(); ++i) {
-        const int32_t t = history.tokens[i];
-        int32_t& slot = pen_slot[static_cast<size_t>(t)];
-        if (slot == 0) {
-          SPECULA_CHECK(n < cap, "penalty lists outgrew their {} entries", cap);
-          host_pen_tokens[static_cast<size_t>(n)] = t;
-          host_pen_counts[static_cast<size_t>(n)] = 0;
-          slot = ++n - start;
-        }
-        if (i >= history.num_prompt) ++host_pen_counts[static_cast<size_t>(start + slot - 1)];
-      }
-      for (int32_t e = start; e < n; ++e) pen_slot[static_cast<size_t>(host_pen_tokens[e])] = 0;
+      const auto size = static_cast<int32_t>(list.tokens().size());
+      SPECULA_CHECK(static_cast<size_t>(start + size) <= host_pen_tokens.size(),
+                    "penalty lists outgrew their {} entries", host_pen_tokens.size());
+      std::copy(list.tokens().begin(), list.tokens().end(), host_pen_tokens.begin() + start);
+      std::copy(list.counts().begin(), list.counts().end(), host_pen_counts.begin() + start);
+      n += size;
     }
     host_pen_begin[static_cast<size_t>(++pen_lists)] = n;
     return static_cast<int32_t>(pen_lists - 1);
@@ -362,6 +408,9 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     int64_t entries = 0;
     for (const Row& r : rows) entries += static_cast<int64_t>(r.history.capacity());
     dev->enable_penalties(be, entries);
+    for (Row& r : rows) {
+      if (r.request->params.has_penalties()) r.penalty_list.reserve(r.history.capacity());
+    }
   }
   // Host sampling keeps each sampled row's draft distributions q.
   for (Row& r : rows) {
@@ -470,7 +519,9 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
         Row& r = rows[static_cast<size_t>(i)];
         d.stage_sample(d.window_at() + i, r.rng, row_sampling_of(r.request->params));
         if (d.penalties()) {
-          d.stage_penalty_row(d.window_at() + i, d.stage_list(history_of(r), r.request->params),
+          if (r.request->params.has_penalties())
+            r.penalty_list.update(r.history, r.request->prompt.size());
+          d.stage_penalty_row(d.window_at() + i, d.stage_list(r.penalty_list, r.request->params),
                               r.request->params, {});
         }
       }
@@ -603,7 +654,9 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
           for (int64_t w = row_begin[a]; w < m; ++w) d.stage_sample(d.window_at() + w, r.rng, rs);
           if (d.penalties()) {
             // Draft step j and window row j see the history and d1..dj.
-            const int32_t list = d.stage_list(history_of(r), r.request->params);
+            if (r.request->params.has_penalties())
+              r.penalty_list.update(r.history, r.request->prompt.size());
+            const int32_t list = d.stage_list(r.penalty_list, r.request->params);
             draft_at_ids.clear();
             for (int j = 0; j <= r.k_round; ++j) {
               const int64_t slot =
