@@ -218,14 +218,13 @@ struct DeviceRounds {
   }
 
   // Penalties on the device. Each round stages one list per active row (its
-  // history's distinct tokens and generated counts, the row's PenaltyList
+  // history's distinct tokens and generated counts: the row's PenaltyList,
   // brought up to the history the host holds, which ends with the pending
-  // token) and, for every penalty
-  // row, in the sections of the uniforms (draft step s: B each | window:
-  // B·(max_k+1)), the row's list, penalties and extras: the drafts before it,
-  // as positions in `ids` (PenaltyRowsParams). So draft step s sees the
-  // history and d1..ds, window row j the history and d1..dj, as the host path
-  // does. Allocated once, like the rest.
+  // token) and, for every penalty row, in the sections of the uniforms (draft
+  // step s: B each | window: B·(max_k+1)), the row's list, penalties and
+  // extras: the drafts before it, as positions in `ids` (PenaltyRowsParams).
+  // So draft step s sees the history and d1..ds, window row j the history and
+  // d1..dj, as the host path does. Allocated once, like the rest.
   DeviceBuffer pen_begin, pen_tokens, pen_counts, pen_params, pen_row_list, pen_extras;
   std::vector<int32_t> host_pen_begin, host_pen_tokens, host_pen_counts, host_pen_row_list,
       host_pen_extras;
