@@ -4,6 +4,9 @@
 // same on every device.
 #pragma once
 
+#include <array>
+#include <cstddef>
+
 #include "engine/core/tensor.h"
 #include "engine/ops/backend.h"
 
@@ -109,6 +112,20 @@ struct PenaltyRowsDims {
   int64_t extras = 0;  // E (0: no extras)
 };
 PenaltyRowsDims check_penalty_rows(const char* op, const PenaltyRowsParams& p);
+// PenaltyRowsParams' tensors that are given (logits always, the optional ones
+// when not empty) with their field names, for the backends' placement checks
+// and the aliasing check (a fixed array: no allocation per call).
+struct NamedTensor {
+  const char* name = nullptr;
+  const Tensor* tensor = nullptr;
+};
+struct NamedTensors {
+  std::array<NamedTensor, 8> items;
+  size_t size = 0;
+  const NamedTensor* begin() const { return items.data(); }
+  const NamedTensor* end() const { return items.data() + size; }
+};
+NamedTensors penalty_rows_tensors(const PenaltyRowsParams& p);
 
 struct MoeExpertsDims {
   int64_t tokens = 0, hidden = 0, top_k = 0, experts = 0, inter = 0;

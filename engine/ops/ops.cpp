@@ -129,6 +129,18 @@ SamplingRowsDims check_process_logits_rows(const char* op, const Tensor& logits,
   return d;
 }
 
+NamedTensors penalty_rows_tensors(const PenaltyRowsParams& p) {
+  NamedTensors out;
+  for (const NamedTensor& t :
+       {NamedTensor{"logits", &p.logits}, NamedTensor{"list_begin", &p.list_begin},
+        NamedTensor{"tokens", &p.tokens}, NamedTensor{"counts", &p.counts},
+        NamedTensor{"penalties", &p.penalties}, NamedTensor{"row_list", &p.row_list},
+        NamedTensor{"extra_source", &p.extra_source}, NamedTensor{"extra_index", &p.extra_index}}) {
+    if (t.tensor == &p.logits || !t.tensor->empty()) out.items[out.size++] = t;
+  }
+  return out;
+}
+
 PenaltyRowsDims check_penalty_rows(const char* op, const PenaltyRowsParams& p) {
   check_dtype(op, "logits", p.logits, DType::kF32);
   check_rank(op, "logits", p.logits, 2);
@@ -179,14 +191,8 @@ PenaltyRowsDims check_penalty_rows(const char* op, const PenaltyRowsParams& p) {
   if (d.vocab > std::numeric_limits<int32_t>::max()) {
     fail("{}: logits {} rows are too long for i32 token ids", op, p.logits.describe());
   }
-  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"list_begin", &p.list_begin},
-                                {"tokens", &p.tokens},
-                                {"counts", &p.counts},
-                                {"penalties", &p.penalties},
-                                {"row_list", &p.row_list},
-                                {"extra_source", &p.extra_source},
-                                {"extra_index", &p.extra_index}}) {
-    if (!t->empty()) check_no_alias(op, "logits", p.logits, name, *t);
+  for (const NamedTensor& t : penalty_rows_tensors(p)) {
+    if (t.tensor != &p.logits) check_no_alias(op, "logits", p.logits, t.name, *t.tensor);
   }
   return d;
 }

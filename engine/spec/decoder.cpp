@@ -250,13 +250,16 @@ struct DeviceRounds {
     pen_on = true;
   }
   bool penalties() const { return pen_on; }
-  // Appends the next list (returned): `list`'s entries when p has penalties
-  // (else an empty list).
-  int32_t stage_list(const PenaltyList& list, const SamplingParams& p) {
+  // Appends the next list (returned): when p has penalties, `list` brought up
+  // to `history` (whose first num_prompt tokens are the prompt) and staged;
+  // else an empty list.
+  int32_t stage_list(PenaltyList& list, std::span<const int32_t> history, size_t num_prompt,
+                     const SamplingParams& p) {
     SPECULA_CHECK(pen_lists < B, "more than {} penalty lists in a round", B);
     const int32_t start = host_pen_begin[static_cast<size_t>(pen_lists)];
     int32_t n = start;
     if (p.has_penalties()) {
+      list.update(history, num_prompt);
       const auto size = static_cast<int32_t>(list.tokens().size());
       SPECULA_CHECK(static_cast<size_t>(start + size) <= host_pen_tokens.size(),
                     "penalty lists outgrew their {} entries", host_pen_tokens.size());
@@ -518,10 +521,9 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
         Row& r = rows[static_cast<size_t>(i)];
         d.stage_sample(d.window_at() + i, r.rng, row_sampling_of(r.request->params));
         if (d.penalties()) {
-          if (r.request->params.has_penalties())
-            r.penalty_list.update(r.history, r.request->prompt.size());
-          d.stage_penalty_row(d.window_at() + i, d.stage_list(r.penalty_list, r.request->params),
-                              r.request->params, {});
+          const int32_t list =
+              d.stage_list(r.penalty_list, r.history, r.request->prompt.size(), r.request->params);
+          d.stage_penalty_row(d.window_at() + i, list, r.request->params, {});
         }
       }
       be.upload_async(d.host_idx.data(), d.idx_slice(0, d.idx_size()));
@@ -653,9 +655,8 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
           for (int64_t w = row_begin[a]; w < m; ++w) d.stage_sample(d.window_at() + w, r.rng, rs);
           if (d.penalties()) {
             // Draft step j and window row j see the history and d1..dj.
-            if (r.request->params.has_penalties())
-              r.penalty_list.update(r.history, r.request->prompt.size());
-            const int32_t list = d.stage_list(r.penalty_list, r.request->params);
+            const int32_t list = d.stage_list(r.penalty_list, r.history, r.request->prompt.size(),
+                                              r.request->params);
             draft_at_ids.clear();
             for (int j = 0; j <= r.k_round; ++j) {
               const int64_t slot =

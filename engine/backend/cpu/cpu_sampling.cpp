@@ -148,16 +148,8 @@ void CpuBackend::speculative_accept_rows(const SpeculativeAcceptParams& p) {
 
 void CpuBackend::apply_penalties_rows(const PenaltyRowsParams& p) {
   constexpr const char* kOp = "apply_penalties_rows";
-  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"logits", &p.logits},
-                                {"list_begin", &p.list_begin},
-                                {"tokens", &p.tokens},
-                                {"counts", &p.counts},
-                                {"penalties", &p.penalties},
-                                {"row_list", &p.row_list},
-                                {"extra_source", &p.extra_source},
-                                {"extra_index", &p.extra_index}}) {
-    if (!t->empty() || t == &p.logits) cpu::check_host(kOp, name, *t);
-  }
+  for (const ops::NamedTensor& t : ops::penalty_rows_tensors(p))
+    cpu::check_host(kOp, t.name, *t.tensor);
   const ops::PenaltyRowsDims d = ops::check_penalty_rows(kOp, p);
   const auto* begin = p.list_begin.data_as<const int32_t>();
   const auto* tokens = p.tokens.data_as<const int32_t>();

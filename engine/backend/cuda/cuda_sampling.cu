@@ -865,16 +865,8 @@ __global__ void __launch_bounds__(kThreads)
 void CudaBackend::apply_penalties_rows(const PenaltyRowsParams& p) {
   OpTimer timer(*this, "apply_penalties_rows");
   constexpr const char* kOp = "apply_penalties_rows";
-  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"logits", &p.logits},
-                                {"list_begin", &p.list_begin},
-                                {"tokens", &p.tokens},
-                                {"counts", &p.counts},
-                                {"penalties", &p.penalties},
-                                {"row_list", &p.row_list},
-                                {"extra_source", &p.extra_source},
-                                {"extra_index", &p.extra_index}}) {
-    if (!t->empty() || t == &p.logits) check_on(*this, kOp, name, *t);
-  }
+  for (const ops::NamedTensor& t : ops::penalty_rows_tensors(p))
+    check_on(*this, kOp, t.name, *t.tensor);
   const ops::PenaltyRowsDims d = ops::check_penalty_rows(kOp, p);
   if (d.rows == 0) return;
   if (d.rows > std::numeric_limits<int32_t>::max() ||
