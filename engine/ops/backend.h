@@ -114,6 +114,11 @@ struct MoeExpertsParams {
   Tensor gate_up;         // [E, 2·I, H]: rows [0, I) gate, [I, 2I) up
   Tensor down;            // [E, H, I]
   Tensor out;             // f32 [N, H]; must not alias x
+  // Every token is a prompt prefill: the backend may take a faster path that
+  // is not batch-invariant (the CUDA backend rounds activations to bf16 for
+  // grouped tensor-core products), as linear_prefill may. Set it only where
+  // every run of a request prefills the same way.
+  bool prefill = false;
 };
 
 // How one row of logits becomes a distribution on the device: steps 2-6 of

@@ -20,6 +20,9 @@ constexpr float kRouteTol = 1e-6f;
 // moe_experts: the dot products sum in another order than the CPU's 32-lane
 // kernel (f32 accumulation over H and I elements).
 constexpr float kExpertsTol = 2e-5f;
+// The prefill path rounds x and the gated activation to bf16 (8 significant
+// bits), as linear_prefill rounds x for cuBLASLt.
+constexpr float kPrefillTol = 1e-2f;
 
 constexpr DType kWeightDtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 
@@ -163,24 +166,25 @@ struct ExpertsCase {
     weights.push();
     out.randomize(seed + 5);  // stale values the op must overwrite
   }
-  MoeExpertsParams params(bool on_gpu, const Tensor& out_t) const {
+  MoeExpertsParams params(bool on_gpu, const Tensor& out_t, bool prefill = false) const {
     auto pick = [&](const Twin& t) -> Tensor { return on_gpu ? t.dev : t.host.view(); };
     return {.x = pick(x),
             .expert_ids = pick(ids),
             .expert_weights = pick(weights),
             .gate_up = pick(gate_up),
             .down = pick(down),
-            .out = out_t};
+            .out = out_t,
+            .prefill = prefill};
   }
   std::string name() const {
     return "moe_experts n " + std::to_string(n) + " H " + std::to_string(h) + " I " +
            std::to_string(inter) + " E " + std::to_string(n_experts) + " k " + std::to_string(k) +
            " " + dtype_str(dtype);
   }
-  void check_against_cpu() {
+  void check_against_cpu(bool prefill = false, float tol = kExpertsTol) {
     cpu_be().moe_experts(params(false, out.host));
-    gpu_be().moe_experts(params(true, out.dev));
-    expect_close(out.pull(), out.host, kExpertsTol, name().c_str());
+    gpu_be().moe_experts(params(true, out.dev, prefill));
+    expect_close(out.pull(), out.host, tol, (name() + (prefill ? " prefill" : "")).c_str());
   }
 };
 
@@ -209,6 +213,70 @@ TEST(CudaMoe, ExpertsMatchCpuAcrossPrefillPasses) {
   // More tokens than one pass (256) holds, including a partial last pass.
   ExpertsCase(600, 128, 64, 16, 4, DType::kBF16, 4000).check_against_cpu();
   ExpertsCase(257, 40, 24, 8, 2, DType::kF16, 4100).check_against_cpu();
+}
+
+TEST(CudaMoe, PrefillPathMatchesCpu) {
+  SKIP_WITHOUT_CUDA();
+  // Grouped tensor-core products: experts with one and several tiles of 128
+  // slots, more tokens than one pass (2,048), K and column tails (H 72 and I 40
+  // are not multiples of 32 or 64), experts without any token (E 64, k 1), and
+  // the 26B-A4B expert shape.
+  ExpertsCase(300, 256, 128, 16, 4, DType::kBF16, 7000).check_against_cpu(true, kPrefillTol);
+  ExpertsCase(2100, 64, 32, 8, 2, DType::kBF16, 7100).check_against_cpu(true, kPrefillTol);
+  ExpertsCase(90, 72, 40, 6, 3, DType::kBF16, 7200).check_against_cpu(true, kPrefillTol);
+  ExpertsCase(70, 64, 48, 64, 1, DType::kBF16, 7300).check_against_cpu(true, kPrefillTol);
+  ExpertsCase(200, 2816, 704, 16, 8, DType::kBF16, 7400).check_against_cpu(true, kPrefillTol);
+}
+
+TEST(CudaMoe, PrefillPathIsDeterministicAndKeepsOtherCasesInvariant) {
+  SKIP_WITHOUT_CUDA();
+  // Two runs of the grouped path give the same bits (bucket order comes from
+  // atomics, but a slot's sums do not depend on its tile row).
+  {
+    ExpertsCase c(500, 128, 64, 16, 4, DType::kBF16, 7500);
+    gpu_be().moe_experts(c.params(true, c.out.dev, true));
+    const HostTensor first = c.out.pull();
+    gpu_be().moe_experts(c.params(true, c.out.dev, true));
+    const HostTensor second = c.out.pull();
+    EXPECT_EQ(
+        std::memcmp(first.view().data(), second.view().data(), static_cast<size_t>(c.n * c.h) * 4),
+        0);
+  }
+  // Few tokens, f16 weights or an H that is not a multiple of 8 keep the
+  // batch-invariant kernels even when asked for prefill: same bits as without.
+  struct Case {
+    int64_t n, h, inter;
+    DType dt;
+  };
+  for (const Case& k : {Case{40, 128, 64, DType::kBF16}, Case{300, 128, 64, DType::kF16},
+                        Case{300, 100, 64, DType::kBF16}}) {
+    ExpertsCase c(k.n, k.h, k.inter, 8, 2, k.dt, 7600 + k.n + k.h);
+    gpu_be().moe_experts(c.params(true, c.out.dev, false));
+    const HostTensor plain = c.out.pull();
+    gpu_be().moe_experts(c.params(true, c.out.dev, true));
+    const HostTensor prefill = c.out.pull();
+    EXPECT_EQ(
+        std::memcmp(plain.view().data(), prefill.view().data(), static_cast<size_t>(c.n * c.h) * 4),
+        0)
+        << c.name();
+  }
+}
+
+TEST(CudaMoe, PrefillPathOutOfRangeIdPoisonsOnlyItsToken) {
+  SKIP_WITHOUT_CUDA();
+  ExpertsCase c(100, 64, 32, 8, 2, DType::kBF16, 7700);
+  cpu_be().moe_experts(c.params(false, c.out.host));
+  c.ids.host.data<int32_t>()[50 * 2 + 1] = -1;  // token 50, slot 1
+  c.ids.push();
+  gpu_be().moe_experts(c.params(true, c.out.dev, true));
+  const HostTensor got = c.out.pull();
+  for (int64_t j = 0; j < c.h; ++j) {
+    EXPECT_TRUE(std::isnan(got.data<float>()[50 * c.h + j])) << "token 50 column " << j;
+  }
+  expect_close(got.view().slice_rows(0, 50), c.out.host.view().slice_rows(0, 50), kPrefillTol,
+               "tokens 0-49");
+  expect_close(got.view().slice_rows(51, 100), c.out.host.view().slice_rows(51, 100), kPrefillTol,
+               "tokens 51-99");
 }
 
 TEST(CudaMoe, ExpertsTokenIsBatchInvariant) {

@@ -114,6 +114,9 @@ class CudaBackend final : public Backend {
   // ---- mixture of experts (cuda_moe.cu) ----
   void moe_route(const MoeRouteParams& p) override;
   void moe_experts(const MoeExpertsParams& p) override;
+  // moe_experts' prefill path (cuda_moe.cu): grouped tensor-core products.
+  void moe_experts_grouped(const MoeExpertsParams& p, int64_t n, int64_t h, int64_t inter,
+                           int64_t n_experts, int64_t top_k);
 
   // ---- recorded steps (cuda_backend.cu): CUDA graphs captured on stream() ----
   // Not while SPECULA_CUDA_PROFILE=1 (it synchronises around every op).

@@ -18,6 +18,13 @@
 // chunk summed in order with fmaf, then a butterfly across lanes), whatever
 // other tokens share the expert; the combine reads only the token's own slots.
 // So a token's output is bit-identical alone or inside any batch.
+//
+// Prefill (MoeExpertsParams::prefill, more than kGroupedMinTokens tokens, bf16
+// weights, H and I multiples of 8): passes of kGroupedPassTokens tokens, whose
+// bucket kernel also cuts every expert's slots into tiles of kMoeTileRows; x is
+// rounded to bf16 once, and steps 2 and 3 are the grouped tensor-core products
+// of cuda_moe_gemm.cu (bf16 activations, so not batch-invariant). The combine
+// is the same.
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -29,6 +36,7 @@
 
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/backend/cuda/cuda_device_common.cuh"
+#include "engine/backend/cuda/cuda_moe_gemm.h"
 
 namespace specula::cuda {
 namespace {
@@ -44,6 +52,11 @@ constexpr int kBucketThreads = 1024;
 constexpr int64_t kMaxExperts = 4096;
 constexpr int64_t kMaxTopK = 4096;
 constexpr int kRouteWarps = 4;  // tokens per block in moe_route
+// The prefill path: tokens per pass (bounds its scratch: y alone is [tokens ·
+// k, H] f32, 185 MB at 26B-A4B's shape), and the fewest tokens that take it
+// (below that, experts see too few slots to fill a tile).
+constexpr int64_t kGroupedPassTokens = 2048;
+constexpr int64_t kGroupedMinTokens = 64;
 
 // ---- Host-side checks (same wording as the CPU backend's). ----
 
@@ -235,6 +248,10 @@ struct Buckets {
   int32_t* active_count;  // [1]
   int32_t* list;          // [S]: slots grouped by expert (order within a group is free)
   int32_t* order;         // [S]: per token, its choices j sorted by (expert id, j)
+  // The prefill path's tiles (MoeTiles); null on the batch-invariant path.
+  int32_t* tile_expert;  // [moe_max_tiles(S, E)]
+  int32_t* tile_begin;   // [moe_max_tiles(S, E)]
+  int32_t* tile_count;   // [1]
 };
 
 // One block. Out-of-range ids are left out of every bucket (the combine turns
@@ -264,6 +281,17 @@ __global__ void __launch_bounds__(kBucketThreads)
     }
     b.offsets[n_experts] = running;
     *b.active_count = used;
+    if (b.tile_expert != nullptr) {
+      int tiles = 0;
+      for (int e = 0; e < n_experts; ++e) {
+        for (int s = b.offsets[e]; s < b.offsets[e + 1]; s += kMoeTileRows) {
+          b.tile_expert[tiles] = e;
+          b.tile_begin[tiles] = s;
+          ++tiles;
+        }
+      }
+      *b.tile_count = tiles;
+    }
   }
   __syncthreads();
   for (int s = threadIdx.x; s < slots; s += blockDim.x) {
@@ -354,6 +382,19 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int t = 0; t < kTile; ++t) {
       if (t < count && lane == t) y[static_cast<int64_t>(slot[t]) * hidden + h] = dots[0][t];
     }
+  }
+}
+
+// xb = bf16(x) (round to nearest even), 8 elements per thread; n is a
+// multiple of 8.
+__global__ void to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ xb,
+                               int64_t n) {
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * 8) {
+    __nv_bfloat162 v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = __floats2bfloat162_rn(x[i + 2 * j], x[i + 2 * j + 1]);
+    *reinterpret_cast<uint4*>(xb + i) = *reinterpret_cast<const uint4*>(v);
   }
 }
 
@@ -463,6 +504,15 @@ void CudaBackend::moe_experts(const MoeExpertsParams& p) {
     return;
   }
 
+  const bool grouped = p.prefill && n > kGroupedMinTokens && inter > 0 &&
+                       p.gate_up.dtype() == DType::kBF16 && p.down.dtype() == DType::kBF16 &&
+                       h % 8 == 0 && inter % 8 == 0 && aligned16(p.gate_up.data()) &&
+                       aligned16(p.down.data());
+  if (grouped) {
+    moe_experts_grouped(p, n, h, inter, n_experts, top_k);
+    return;
+  }
+
   // Scratch for the largest pass: bookkeeping, act [S, I] and y [S, H].
   const int64_t max_tokens = n < kPassTokens ? n : kPassTokens;
   const int64_t max_slots = max_tokens * top_k;
@@ -473,7 +523,7 @@ void CudaBackend::moe_experts(const MoeExpertsParams& p) {
   const size_t y_bytes = align_up(static_cast<size_t>(max_slots * h) * 4);
   auto* base = static_cast<char*>(
       scratch(moe_scratch_, offsets_bytes + active_bytes + 2 * list_bytes + act_bytes + y_bytes));
-  Buckets b{};
+  Buckets b{};  // no tiles: the batch-invariant kernels below
   b.offsets = reinterpret_cast<int32_t*>(base);
   b.active = reinterpret_cast<int32_t*>(base + offsets_bytes);
   b.active_count = b.active + n_experts;
@@ -534,6 +584,78 @@ void CudaBackend::moe_experts(const MoeExpertsParams& p) {
     }
     const int64_t total = static_cast<int64_t>(tokens) * h;
     const unsigned combine_blocks = std::min(blocks_for(total, 256), 65535u);
+    moe_combine_kernel<<<combine_blocks, 256, 0, stream()>>>(
+        pass_ids, weights + n0 * top_k, y, b.order, tokens, k, e_count, h, out + n0 * h);
+    check_cuda(cudaGetLastError(), "moe_combine_kernel");
+  }
+}
+
+// moe_experts' prefill path (see the top of the file); the caller has checked
+// the shapes, dtypes and alignment it needs. Per pass: bucket (with tiles), x to
+// bf16, the grouped gate/up and down products, the combine.
+void CudaBackend::moe_experts_grouped(const MoeExpertsParams& p, int64_t n, int64_t h,
+                                      int64_t inter, int64_t n_experts, int64_t top_k) {
+  const int64_t max_tokens = n < kGroupedPassTokens ? n : kGroupedPassTokens;
+  const int64_t max_slots = max_tokens * top_k;
+  const int64_t max_tiles = moe_max_tiles(max_slots, n_experts);
+  const size_t offsets_bytes = align_up(static_cast<size_t>(n_experts + 1) * 4);
+  const size_t active_bytes = align_up(static_cast<size_t>(n_experts + 1) * 4);
+  const size_t list_bytes = align_up(static_cast<size_t>(max_slots) * 4);
+  const size_t tile_bytes = align_up(static_cast<size_t>(max_tiles) * 4);
+  const size_t count_bytes = align_up(4);
+  const size_t xb_bytes = align_up(static_cast<size_t>(max_tokens * h) * 2);
+  const size_t act_bytes = align_up(static_cast<size_t>(max_slots * inter) * 2);
+  const size_t y_bytes = align_up(static_cast<size_t>(max_slots * h) * 4);
+  char* at = static_cast<char*>(
+      scratch(moe_scratch_, offsets_bytes + active_bytes + 2 * list_bytes + 2 * tile_bytes +
+                                count_bytes + xb_bytes + act_bytes + y_bytes));
+  const auto take = [&at](size_t bytes) {
+    char* p0 = at;
+    at += bytes;
+    return p0;
+  };
+  Buckets b{};
+  b.offsets = reinterpret_cast<int32_t*>(take(offsets_bytes));
+  b.active = reinterpret_cast<int32_t*>(take(active_bytes));
+  b.active_count = b.active + n_experts;
+  b.list = reinterpret_cast<int32_t*>(take(list_bytes));
+  b.order = reinterpret_cast<int32_t*>(take(list_bytes));
+  b.tile_expert = reinterpret_cast<int32_t*>(take(tile_bytes));
+  b.tile_begin = reinterpret_cast<int32_t*>(take(tile_bytes));
+  b.tile_count = reinterpret_cast<int32_t*>(take(count_bytes));
+  auto* xb = reinterpret_cast<__nv_bfloat16*>(take(xb_bytes));
+  auto* act = reinterpret_cast<__nv_bfloat16*>(take(act_bytes));
+  auto* y = reinterpret_cast<float*>(take(y_bytes));
+  const MoeTiles tiles{.tile_expert = b.tile_expert,
+                       .tile_begin = b.tile_begin,
+                       .tile_count = b.tile_count,
+                       .offsets = b.offsets,
+                       .list = b.list};
+
+  const auto* ids = p.expert_ids.data_as<const int32_t>();
+  const auto* weights = p.expert_weights.data_as<const float>();
+  const auto* x = p.x.data_as<const float>();
+  const auto* gate_up = static_cast<const __nv_bfloat16*>(p.gate_up.data());
+  const auto* down = static_cast<const __nv_bfloat16*>(p.down.data());
+  auto* out = p.out.data_as<float>();
+  const int k = static_cast<int>(top_k);
+  const int e_count = static_cast<int>(n_experts);
+  const size_t bucket_shared = static_cast<size_t>(2 * n_experts) * 4;
+  for (int64_t n0 = 0; n0 < n; n0 += kGroupedPassTokens) {
+    const int tokens = static_cast<int>(n - n0 < kGroupedPassTokens ? n - n0 : kGroupedPassTokens);
+    const int64_t slots = static_cast<int64_t>(tokens) * top_k;
+    const int32_t* pass_ids = ids + n0 * top_k;
+    moe_bucket_kernel<<<1, kBucketThreads, bucket_shared, stream()>>>(pass_ids, tokens, k, e_count,
+                                                                      b);
+    check_cuda(cudaGetLastError(), "moe_bucket_kernel");
+    const int64_t elems = static_cast<int64_t>(tokens) * h;
+    to_bf16_kernel<<<std::min(blocks_for(elems / 8, 256), 65535u), 256, 0, stream()>>>(x + n0 * h,
+                                                                                       xb, elems);
+    check_cuda(cudaGetLastError(), "to_bf16_kernel");
+    const int64_t pass_tiles = moe_max_tiles(slots, n_experts);
+    moe_gemm_gate_up(xb, gate_up, act, h, inter, k, tiles, pass_tiles, stream());
+    moe_gemm_down(act, down, y, h, inter, tiles, pass_tiles, stream());
+    const unsigned combine_blocks = std::min(blocks_for(elems, 256), 65535u);
     moe_combine_kernel<<<combine_blocks, 256, 0, stream()>>>(
         pass_ids, weights + n0 * top_k, y, b.order, tokens, k, e_count, h, out + n0 * h);
     check_cuda(cudaGetLastError(), "moe_combine_kernel");

@@ -717,7 +717,8 @@ bool Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
                     .expert_weights = s.moe_weights,
                     .gate_up = w.experts_gate_up,
                     .down = w.experts_down,
-                    .out = s.moe_out});
+                    .out = s.moe_out,
+                    .prefill = options.prefill});
     be.rms_norm(s.moe_out, w.post_feedforward_layernorm_2, eps, s.moe_out);
     be.add(s.o, s.moe_out, s.o);
   }
