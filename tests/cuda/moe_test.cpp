@@ -61,6 +61,9 @@ TEST(CudaMoe, RouteMatchesCpu) {
     check_route(5, 8, 2, sd, seed += 2);
     check_route(3, 40, 1, sd, seed += 2);
     check_route(4, 20, 20, sd, seed += 2);  // k == E: every expert, by probability
+    check_route(9, 100, 6, sd, seed += 2);  // E not a multiple of 32
+    // The most experts the GPU routes (128 a lane), more picks than lanes.
+    check_route(5, 4096, 40, sd, seed += 2);
   }
 }
 
@@ -127,6 +130,10 @@ TEST(CudaMoe, RouteRejectsBadShapes) {
   EXPECT_THROW(route(logits.dev, scale.dev, ids.dev, bad_weights.dev), Error);
   EXPECT_THROW(route(logits.dev, scale.dev, f32_ids.dev, weights.dev), Error);
   EXPECT_THROW(route(logits.host, scale.dev, ids.dev, weights.dev), Error);
+  // More experts than a warp's shared probabilities hold: refused, not truncated.
+  Twin wide_logits(DType::kF32, {2, 4097});
+  Twin wide_scale(DType::kF32, {4097});
+  EXPECT_THROW(route(wide_logits.dev, wide_scale.dev, ids.dev, weights.dev), Error);
 }
 
 // One moe_experts problem with its tensors on both sides; ids come from the
@@ -218,11 +225,11 @@ TEST(CudaMoe, ExpertsMatchCpuAcrossPrefillPasses) {
 TEST(CudaMoe, PrefillPathMatchesCpu) {
   SKIP_WITHOUT_CUDA();
   // Grouped tensor-core products: experts with one and several tiles of 128
-  // slots, more tokens than one pass (2,048), K and column tails (H 72 and I 40
+  // slots, more tokens than one pass (4,096), K and column tails (H 72 and I 40
   // are not multiples of 32 or 64), experts without any token (E 64, k 1), and
   // the 26B-A4B expert shape.
   ExpertsCase(300, 256, 128, 16, 4, DType::kBF16, 7000).check_against_cpu(true, kPrefillTol);
-  ExpertsCase(2100, 64, 32, 8, 2, DType::kBF16, 7100).check_against_cpu(true, kPrefillTol);
+  ExpertsCase(4100, 64, 32, 8, 2, DType::kBF16, 7100).check_against_cpu(true, kPrefillTol);
   ExpertsCase(90, 72, 40, 6, 3, DType::kBF16, 7200).check_against_cpu(true, kPrefillTol);
   ExpertsCase(70, 64, 48, 64, 1, DType::kBF16, 7300).check_against_cpu(true, kPrefillTol);
   ExpertsCase(200, 2816, 704, 16, 8, DType::kBF16, 7400).check_against_cpu(true, kPrefillTol);
