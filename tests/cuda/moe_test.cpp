@@ -237,18 +237,20 @@ TEST(CudaMoe, PrefillPathMatchesCpu) {
 
 TEST(CudaMoe, PrefillPathIsDeterministicAndKeepsOtherCasesInvariant) {
   SKIP_WITHOUT_CUDA();
+  // Runs the case on the GPU twice, with `first` and `second` as the prefill
+  // flag, and checks that both outputs have the same bits.
+  const auto expect_same_bits = [](ExpertsCase& c, bool first, bool second) {
+    gpu_be().moe_experts(c.params(true, c.out.dev, first));
+    const HostTensor a = c.out.pull();
+    gpu_be().moe_experts(c.params(true, c.out.dev, second));
+    const HostTensor b = c.out.pull();
+    EXPECT_EQ(std::memcmp(a.view().data(), b.view().data(), static_cast<size_t>(c.n * c.h) * 4), 0)
+        << c.name() << " prefill " << first << " then " << second;
+  };
   // Two runs of the grouped path give the same bits (bucket order comes from
   // atomics, but a slot's sums do not depend on its tile row).
-  {
-    ExpertsCase c(500, 128, 64, 16, 4, DType::kBF16, 7500);
-    gpu_be().moe_experts(c.params(true, c.out.dev, true));
-    const HostTensor first = c.out.pull();
-    gpu_be().moe_experts(c.params(true, c.out.dev, true));
-    const HostTensor second = c.out.pull();
-    EXPECT_EQ(
-        std::memcmp(first.view().data(), second.view().data(), static_cast<size_t>(c.n * c.h) * 4),
-        0);
-  }
+  ExpertsCase repeated(500, 128, 64, 16, 4, DType::kBF16, 7500);
+  expect_same_bits(repeated, true, true);
   // Few tokens, f16 weights or an H that is not a multiple of 8 keep the
   // batch-invariant kernels even when asked for prefill: same bits as without.
   struct Case {
@@ -258,14 +260,7 @@ TEST(CudaMoe, PrefillPathIsDeterministicAndKeepsOtherCasesInvariant) {
   for (const Case& k : {Case{40, 128, 64, DType::kBF16}, Case{300, 128, 64, DType::kF16},
                         Case{300, 100, 64, DType::kBF16}}) {
     ExpertsCase c(k.n, k.h, k.inter, 8, 2, k.dt, 7600 + k.n + k.h);
-    gpu_be().moe_experts(c.params(true, c.out.dev, false));
-    const HostTensor plain = c.out.pull();
-    gpu_be().moe_experts(c.params(true, c.out.dev, true));
-    const HostTensor prefill = c.out.pull();
-    EXPECT_EQ(
-        std::memcmp(plain.view().data(), prefill.view().data(), static_cast<size_t>(c.n * c.h) * 4),
-        0)
-        << c.name();
+    expect_same_bits(c, false, true);
   }
 }
 

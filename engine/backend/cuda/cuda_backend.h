@@ -39,6 +39,10 @@ inline constexpr int64_t kPrefillGemmRows = 16;
 
 bool profiling_enabled();
 
+// dst bf16 [n] = bf16(src) (round to nearest even), queued on `stream`; src is
+// f32 or f16 (cuda_linear.cu).
+void convert_to_bf16(const void* src, DType dtype, void* dst, int64_t n, cudaStream_t stream);
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device_index);

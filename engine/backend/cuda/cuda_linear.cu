@@ -715,7 +715,8 @@ __global__ void to_bf16_kernel(const T* __restrict__ src, __nv_bfloat16* __restr
   }
 }
 
-// dst = bf16(src) for n elements; src is f32 or f16 (callers pass nothing else).
+}  // namespace
+
 void convert_to_bf16(const void* src, DType dtype, void* dst, int64_t n, cudaStream_t stream) {
   const unsigned blocks =
       static_cast<unsigned>(std::min<int64_t>(blocks_for(n, kElemThreads), kMaxElemBlocks));
@@ -727,6 +728,8 @@ void convert_to_bf16(const void* src, DType dtype, void* dst, int64_t n, cudaStr
   }
   check_cuda(cudaGetLastError(), "to_bf16_kernel");
 }
+
+namespace {
 
 // Largest power of two (at most 256) dividing the address: what cuBLASLt may assume.
 uint32_t alignment_of(const void* p) {

@@ -440,19 +440,6 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// xb = bf16(x) (round to nearest even), 8 elements per thread; n is a
-// multiple of 8.
-__global__ void to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ xb,
-                               int64_t n) {
-  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x * 8) {
-    __nv_bfloat162 v[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) v[j] = __floats2bfloat162_rn(x[i + 2 * j], x[i + 2 * j + 1]);
-    *reinterpret_cast<uint4*>(xb + i) = *reinterpret_cast<const uint4*>(v);
-  }
-}
-
 // One thread per (token, h): out = ((0 + w_a·y_a) + w_b·y_b) + ... over the
 // token's slots in ascending expert id, as the CPU's axpy per expert. A token
 // with an expert id outside [0, E) gets NaN (the device cannot throw).
@@ -478,6 +465,63 @@ __global__ void moe_combine_kernel(const int32_t* ids, const float* weights, con
     }
     out[i] = acc;
   }
+}
+
+// Hands out consecutive 256-byte aligned pieces of one scratch buffer.
+class ScratchCarver {
+ public:
+  explicit ScratchCarver(void* base) : at_(static_cast<char*>(base)) {}
+  template <typename T>
+  T* take(int64_t count) {
+    T* p = reinterpret_cast<T*>(at_);
+    at_ += align_up(static_cast<size_t>(count) * sizeof(T));
+    return p;
+  }
+
+ private:
+  char* at_;
+};
+
+// Bytes of a pass's bookkeeping (Buckets, with tiles when max_tiles > 0).
+size_t bucket_bytes(int64_t n_experts, int64_t max_slots, int64_t max_tiles) {
+  return 2 * align_up(static_cast<size_t>(n_experts + 1) * 4) +
+         2 * align_up(static_cast<size_t>(max_slots) * 4) +
+         (max_tiles > 0 ? 2 * align_up(static_cast<size_t>(max_tiles) * 4) + align_up(4) : 0);
+}
+
+// The Buckets bucket_bytes() counted, taken from `carve` in that order.
+Buckets carve_buckets(ScratchCarver& carve, int64_t n_experts, int64_t max_slots,
+                      int64_t max_tiles) {
+  Buckets b{};
+  b.offsets = carve.take<int32_t>(n_experts + 1);
+  b.active = carve.take<int32_t>(n_experts + 1);
+  b.active_count = b.active + n_experts;
+  b.list = carve.take<int32_t>(max_slots);
+  b.order = carve.take<int32_t>(max_slots);
+  if (max_tiles > 0) {
+    b.tile_expert = carve.take<int32_t>(max_tiles);
+    b.tile_begin = carve.take<int32_t>(max_tiles);
+    b.tile_count = carve.take<int32_t>(1);
+  }
+  return b;
+}
+
+// A pass's bucket kernel and its combine (the same on both paths).
+void launch_bucket(const int32_t* pass_ids, int tokens, int top_k, int n_experts, const Buckets& b,
+                   cudaStream_t stream) {
+  moe_bucket_kernel<<<1, kBucketThreads, static_cast<size_t>(2 * n_experts) * 4, stream>>>(
+      pass_ids, tokens, top_k, n_experts, b);
+  check_cuda(cudaGetLastError(), "moe_bucket_kernel");
+}
+
+void launch_combine(const int32_t* pass_ids, const float* pass_weights, const float* y,
+                    const Buckets& b, int tokens, int top_k, int n_experts, int64_t hidden,
+                    float* pass_out, cudaStream_t stream) {
+  const int64_t total = static_cast<int64_t>(tokens) * hidden;
+  const unsigned blocks = std::min(blocks_for(total, 256), 65535u);
+  moe_combine_kernel<<<blocks, 256, 0, stream>>>(pass_ids, pass_weights, y, b.order, tokens, top_k,
+                                                 n_experts, hidden, pass_out);
+  check_cuda(cudaGetLastError(), "moe_combine_kernel");
 }
 
 }  // namespace
@@ -573,22 +617,13 @@ void CudaBackend::moe_experts(const MoeExpertsParams& p) {
   // Scratch for the largest pass: bookkeeping, act [S, I] and y [S, H].
   const int64_t max_tokens = n < kPassTokens ? n : kPassTokens;
   const int64_t max_slots = max_tokens * top_k;
-  const size_t offsets_bytes = align_up(static_cast<size_t>(n_experts + 1) * 4);
-  const size_t active_bytes = align_up(static_cast<size_t>(n_experts + 1) * 4);
-  const size_t list_bytes = align_up(static_cast<size_t>(max_slots) * 4);
-  const size_t act_bytes = align_up(static_cast<size_t>(max_slots * inter) * 4);
-  const size_t y_bytes = align_up(static_cast<size_t>(max_slots * h) * 4);
-  auto* base = static_cast<char*>(
-      scratch(moe_scratch_, offsets_bytes + active_bytes + 2 * list_bytes + act_bytes + y_bytes));
-  Buckets b{};  // no tiles: the batch-invariant kernels below
-  b.offsets = reinterpret_cast<int32_t*>(base);
-  b.active = reinterpret_cast<int32_t*>(base + offsets_bytes);
-  b.active_count = b.active + n_experts;
-  b.list = reinterpret_cast<int32_t*>(base + offsets_bytes + active_bytes);
-  b.order = reinterpret_cast<int32_t*>(base + offsets_bytes + active_bytes + list_bytes);
-  auto* act = reinterpret_cast<float*>(base + offsets_bytes + active_bytes + 2 * list_bytes);
-  auto* y =
-      reinterpret_cast<float*>(base + offsets_bytes + active_bytes + 2 * list_bytes + act_bytes);
+  ScratchCarver carve(
+      scratch(moe_scratch_, bucket_bytes(n_experts, max_slots, 0) +
+                                align_up(static_cast<size_t>(max_slots * inter) * 4) +
+                                align_up(static_cast<size_t>(max_slots * h) * 4)));
+  const Buckets b = carve_buckets(carve, n_experts, max_slots, 0);  // no tiles
+  auto* act = carve.take<float>(max_slots * inter);
+  auto* y = carve.take<float>(max_slots * h);
 
   // 16-byte loads need whole 8-element chunks and aligned rows (scratch is).
   const bool vec_gate_up = h % kChunk == 0 && aligned16(p.gate_up.data()) && aligned16(p.x.data());
@@ -599,15 +634,12 @@ void CudaBackend::moe_experts(const MoeExpertsParams& p) {
   auto* out = p.out.data_as<float>();
   const int k = static_cast<int>(top_k);
   const int e_count = static_cast<int>(n_experts);
-  const size_t bucket_shared = static_cast<size_t>(2 * n_experts) * 4;
 
   for (int64_t n0 = 0; n0 < n; n0 += kPassTokens) {
     const int tokens = static_cast<int>(n - n0 < kPassTokens ? n - n0 : kPassTokens);
     const int64_t slots = static_cast<int64_t>(tokens) * top_k;
     const int32_t* pass_ids = ids + n0 * top_k;
-    moe_bucket_kernel<<<1, kBucketThreads, bucket_shared, stream()>>>(pass_ids, tokens, k, e_count,
-                                                                      b);
-    check_cuda(cudaGetLastError(), "moe_bucket_kernel");
+    launch_bucket(pass_ids, tokens, k, e_count, b, stream());
     // Blocks beyond the experts actually in use return at once.
     const auto max_active = static_cast<unsigned>(slots < n_experts ? slots : n_experts);
     if (max_active > 0 && inter > 0) {
@@ -639,11 +671,8 @@ void CudaBackend::moe_experts(const MoeExpertsParams& p) {
       });
       check_cuda(cudaGetLastError(), "moe_down_kernel");
     }
-    const int64_t total = static_cast<int64_t>(tokens) * h;
-    const unsigned combine_blocks = std::min(blocks_for(total, 256), 65535u);
-    moe_combine_kernel<<<combine_blocks, 256, 0, stream()>>>(
-        pass_ids, weights + n0 * top_k, y, b.order, tokens, k, e_count, h, out + n0 * h);
-    check_cuda(cudaGetLastError(), "moe_combine_kernel");
+    launch_combine(pass_ids, weights + n0 * top_k, y, b, tokens, k, e_count, h, out + n0 * h,
+                   stream());
   }
 }
 
@@ -655,34 +684,15 @@ void CudaBackend::moe_experts_grouped(const MoeExpertsParams& p, int64_t n, int6
   const int64_t max_tokens = n < kGroupedPassTokens ? n : kGroupedPassTokens;
   const int64_t max_slots = max_tokens * top_k;
   const int64_t max_tiles = moe_max_tiles(max_slots, n_experts);
-  const size_t offsets_bytes = align_up(static_cast<size_t>(n_experts + 1) * 4);
-  const size_t active_bytes = align_up(static_cast<size_t>(n_experts + 1) * 4);
-  const size_t list_bytes = align_up(static_cast<size_t>(max_slots) * 4);
-  const size_t tile_bytes = align_up(static_cast<size_t>(max_tiles) * 4);
-  const size_t count_bytes = align_up(4);
-  const size_t xb_bytes = align_up(static_cast<size_t>(max_tokens * h) * 2);
-  const size_t act_bytes = align_up(static_cast<size_t>(max_slots * inter) * 2);
-  const size_t y_bytes = align_up(static_cast<size_t>(max_slots * h) * 4);
-  char* at = static_cast<char*>(
-      scratch(moe_scratch_, offsets_bytes + active_bytes + 2 * list_bytes + 2 * tile_bytes +
-                                count_bytes + xb_bytes + act_bytes + y_bytes));
-  const auto take = [&at](size_t bytes) {
-    char* p0 = at;
-    at += bytes;
-    return p0;
-  };
-  Buckets b{};
-  b.offsets = reinterpret_cast<int32_t*>(take(offsets_bytes));
-  b.active = reinterpret_cast<int32_t*>(take(active_bytes));
-  b.active_count = b.active + n_experts;
-  b.list = reinterpret_cast<int32_t*>(take(list_bytes));
-  b.order = reinterpret_cast<int32_t*>(take(list_bytes));
-  b.tile_expert = reinterpret_cast<int32_t*>(take(tile_bytes));
-  b.tile_begin = reinterpret_cast<int32_t*>(take(tile_bytes));
-  b.tile_count = reinterpret_cast<int32_t*>(take(count_bytes));
-  auto* xb = reinterpret_cast<__nv_bfloat16*>(take(xb_bytes));
-  auto* act = reinterpret_cast<__nv_bfloat16*>(take(act_bytes));
-  auto* y = reinterpret_cast<float*>(take(y_bytes));
+  ScratchCarver carve(
+      scratch(moe_scratch_, bucket_bytes(n_experts, max_slots, max_tiles) +
+                                align_up(static_cast<size_t>(max_tokens * h) * 2) +
+                                align_up(static_cast<size_t>(max_slots * inter) * 2) +
+                                align_up(static_cast<size_t>(max_slots * h) * 4)));
+  const Buckets b = carve_buckets(carve, n_experts, max_slots, max_tiles);
+  auto* xb = carve.take<__nv_bfloat16>(max_tokens * h);
+  auto* act = carve.take<__nv_bfloat16>(max_slots * inter);
+  auto* y = carve.take<float>(max_slots * h);
   const MoeTiles tiles{.tile_expert = b.tile_expert,
                        .tile_begin = b.tile_begin,
                        .tile_count = b.tile_count,
@@ -697,25 +707,17 @@ void CudaBackend::moe_experts_grouped(const MoeExpertsParams& p, int64_t n, int6
   auto* out = p.out.data_as<float>();
   const int k = static_cast<int>(top_k);
   const int e_count = static_cast<int>(n_experts);
-  const size_t bucket_shared = static_cast<size_t>(2 * n_experts) * 4;
   for (int64_t n0 = 0; n0 < n; n0 += kGroupedPassTokens) {
     const int tokens = static_cast<int>(n - n0 < kGroupedPassTokens ? n - n0 : kGroupedPassTokens);
     const int64_t slots = static_cast<int64_t>(tokens) * top_k;
     const int32_t* pass_ids = ids + n0 * top_k;
-    moe_bucket_kernel<<<1, kBucketThreads, bucket_shared, stream()>>>(pass_ids, tokens, k, e_count,
-                                                                      b);
-    check_cuda(cudaGetLastError(), "moe_bucket_kernel");
-    const int64_t elems = static_cast<int64_t>(tokens) * h;
-    to_bf16_kernel<<<std::min(blocks_for(elems / 8, 256), 65535u), 256, 0, stream()>>>(x + n0 * h,
-                                                                                       xb, elems);
-    check_cuda(cudaGetLastError(), "to_bf16_kernel");
+    launch_bucket(pass_ids, tokens, k, e_count, b, stream());
+    convert_to_bf16(x + n0 * h, DType::kF32, xb, static_cast<int64_t>(tokens) * h, stream());
     const int64_t pass_tiles = moe_max_tiles(slots, n_experts);
     moe_gemm_gate_up(xb, gate_up, act, h, inter, k, tiles, pass_tiles, stream());
     moe_gemm_down(act, down, y, h, inter, tiles, pass_tiles, stream());
-    const unsigned combine_blocks = std::min(blocks_for(elems, 256), 65535u);
-    moe_combine_kernel<<<combine_blocks, 256, 0, stream()>>>(
-        pass_ids, weights + n0 * top_k, y, b.order, tokens, k, e_count, h, out + n0 * h);
-    check_cuda(cudaGetLastError(), "moe_combine_kernel");
+    launch_combine(pass_ids, weights + n0 * top_k, y, b, tokens, k, e_count, h, out + n0 * h,
+                   stream());
   }
 }
 
