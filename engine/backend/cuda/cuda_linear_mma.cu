@@ -703,7 +703,7 @@ void launch_split(const float* x, void* x_split, int64_t m, int64_t k, cudaStrea
 }  // namespace
 
 int mma_k_split(int64_t n_cols) {
-  return n_cols >= kWideColumns ? 4 : 8;
+  return n_cols > kWideColumns ? 4 : 8;
 }
 
 size_t mma_split_bytes(int64_t m, int64_t k) {
