@@ -99,10 +99,25 @@ __device__ __forceinline__ double fixed_block_sum(double v, double* partials) {
 // order, as long as it also gives each row the same thread pattern (element c of
 // a row handled by lane c % kGroup, in increasing c).
 
+// Threads of the block that normalises one row wider than a warp's (rms_norm,
+// rms_norm_add and rms_norm_add_norm past 1,024 elements): part of the
+// numerics, as element c of the row is summed by thread c % kNormBlockThreads
+// before the fixed block sum. 512 rather than 256: at one row (decode) the
+// norm sits between two products on the critical path, and half the elements
+// per thread shortened it. 31B decode step on an H200, same run: 17.39-17.45
+// ms with 256, 17.25-17.32 with 512, 17.81-17.83 with 1,024.
+inline constexpr int kNormBlockThreads = 512;
+
+// Block size of a norm kernel whose rows take `group` threads each: warp rows
+// run eight to a 256-thread block, wider rows one to a kNormBlockThreads block.
+__host__ __device__ constexpr int norm_block_threads(int group) {
+  return group == 32 ? 256 : group;
+}
+
 // Rows normalised by a whole block keep up to this many elements per thread
-// in registers between the norm's passes (rows of up to 6,144 floats with 256
-// threads); wider rows loop over memory. Either form gives the same bits.
-inline constexpr int kRegisterElems = 24;
+// in registers between the norm's passes (rows of up to 6,144 floats); wider
+// rows loop over memory. Either form gives the same bits.
+inline constexpr int kRegisterElems = 6144 / kNormBlockThreads;
 
 // v[i] = p[lane + i·kStride] for the kPer elements a thread holds of a row of
 // n (> 0) elements of dtype kDt (f32, or a 16-bit float widened exactly), 0

@@ -28,6 +28,7 @@ namespace specula::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+static_assert(norm_block_threads(32) == kThreads, "warp-row norms run in kThreads blocks");
 // Grid-stride kernels never launch more blocks than this; each thread loops.
 constexpr unsigned kMaxBlocks = 65535;
 
@@ -126,7 +127,8 @@ __device__ __forceinline__ float block_max(float v, float* partials) {
 
 // ---- rms_norm ----
 
-// kGroup threads (32: one warp, or kThreads: the block) normalise one row of d
+// kGroup threads (32: one warp of a kThreads block, or kNormBlockThreads: the
+// whole block) normalise one row of d
 // floats; the sum of squares is in double, like the CPU's, and rounded once.
 // Row r is handled by the same kGroup-thread pattern whatever `rows` is. The
 // arithmetic is cuda_device_common.cuh's rms_* helpers, shared with cuda_fused.cu.
@@ -136,15 +138,16 @@ __device__ __forceinline__ float block_max(float v, float* partials) {
 // rms_norm_add_norm_kernel explains why that matters at one row); same sums in
 // the same order, same bits.
 template <DType kDt, int kGroup, int kPer>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(norm_block_threads(kGroup))
     rms_norm_kernel(const float* x, const void* weight, float eps, float* out, int64_t rows,
                     int64_t d, float* residual, float post_scale) {
   // A programmatic dependent (launch_pdl): waits for its predecessor before
   // touching anything but the weight, and lets the next kernel start its prologue.
   pdl_launch_dependents();
-  constexpr int kRowsPerBlock = kThreads / kGroup;
+  constexpr int kBlock = norm_block_threads(kGroup);
+  constexpr int kRowsPerBlock = kBlock / kGroup;
   constexpr int kHeld = kPer > 0 ? kPer : 1;
-  __shared__ double partials[kThreads / 32];
+  __shared__ double partials[kBlock / 32];
   const int lane = threadIdx.x % kGroup;
   const int group = threadIdx.x / kGroup;
   const bool has_w = weight != nullptr;
@@ -168,7 +171,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < kPer; ++i) {
         if (lane + i * kGroup < n) rms_accumulate(sum, xv[i]);
       }
-      sum = rms_group_sum<kGroup, kThreads>(sum, partials);
+      sum = rms_group_sum<kGroup, kBlock>(sum, partials);
       if (!active) continue;
       const float inv = rms_inv(sum, d, eps);
 #pragma unroll
@@ -186,7 +189,7 @@ __global__ void __launch_bounds__(kThreads)
       if (active) {
         for (int64_t j = lane; j < d; j += kGroup) rms_accumulate(sum, xr[j]);
       }
-      sum = rms_group_sum<kGroup, kThreads>(sum, partials);
+      sum = rms_group_sum<kGroup, kBlock>(sum, partials);
       if (!active) continue;
       const float inv = rms_inv(sum, d, eps);
       float* orow = out + r * d;
@@ -546,7 +549,7 @@ __global__ void fill_uniform_kernel(void* t, int64_t n, uint64_t seed, float lo,
 
 // RMSNorm over the last dimension. x, out f32 [..., D]; weight [D] f32|bf16|f16
 // or empty (weightless); out may alias x. Rows up to 1024 wide get a warp each,
-// wider rows a 256-thread block (the choice depends on D only).
+// wider rows a kNormBlockThreads block (the choice depends on D only).
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
   OpTimer timer(*this, "rms_norm");
   constexpr const char* kOp = "rms_norm";
@@ -572,12 +575,14 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, con
       launch_pdl(rms_norm_kernel<kDt, 32, 0>, grid_for(rows, kRowsPerBlock), kThreads, 0, stream(),
                  "rms_norm_kernel", x.data_as<const float>(), weight.data(), eps,
                  out.data_as<float>(), rows, d, static_cast<float*>(nullptr), 1.0f);
-    } else if (d <= int64_t{kRegisterElems} * kThreads) {
-      launch_pdl(rms_norm_kernel<kDt, kThreads, kRegisterElems>, grid_for(rows, 1), kThreads, 0,
+    } else if (d <= int64_t{kRegisterElems} * kNormBlockThreads) {
+      launch_pdl(rms_norm_kernel<kDt, kNormBlockThreads, kRegisterElems>, grid_for(rows, 1),
+                 kNormBlockThreads, 0,
                  stream(), "rms_norm_kernel", x.data_as<const float>(), weight.data(), eps,
                  out.data_as<float>(), rows, d, static_cast<float*>(nullptr), 1.0f);
     } else {
-      launch_pdl(rms_norm_kernel<kDt, kThreads, 0>, grid_for(rows, 1), kThreads, 0, stream(),
+      launch_pdl(rms_norm_kernel<kDt, kNormBlockThreads, 0>, grid_for(rows, 1), kNormBlockThreads,
+                 0, stream(),
                  "rms_norm_kernel", x.data_as<const float>(), weight.data(), eps,
                  out.data_as<float>(), rows, d, static_cast<float*>(nullptr), 1.0f);
     }
@@ -616,12 +621,14 @@ void CudaBackend::rms_norm_add(const Tensor& x, const Tensor& weight, float eps,
       launch_pdl(rms_norm_kernel<kDt, 32, 0>, grid_for(rows, kRowsPerBlock), kThreads, 0, stream(),
                  "rms_norm_kernel (add)", x.data_as<const float>(), weight.data(), eps,
                  static_cast<float*>(nullptr), rows, d, residual.data_as<float>(), post_scale);
-    } else if (d <= int64_t{kRegisterElems} * kThreads) {
-      launch_pdl(rms_norm_kernel<kDt, kThreads, kRegisterElems>, grid_for(rows, 1), kThreads, 0,
+    } else if (d <= int64_t{kRegisterElems} * kNormBlockThreads) {
+      launch_pdl(rms_norm_kernel<kDt, kNormBlockThreads, kRegisterElems>, grid_for(rows, 1),
+                 kNormBlockThreads, 0,
                  stream(), "rms_norm_kernel (add)", x.data_as<const float>(), weight.data(), eps,
                  static_cast<float*>(nullptr), rows, d, residual.data_as<float>(), post_scale);
     } else {
-      launch_pdl(rms_norm_kernel<kDt, kThreads, 0>, grid_for(rows, 1), kThreads, 0, stream(),
+      launch_pdl(rms_norm_kernel<kDt, kNormBlockThreads, 0>, grid_for(rows, 1), kNormBlockThreads,
+                 0, stream(),
                  "rms_norm_kernel (add)", x.data_as<const float>(), weight.data(), eps,
                  static_cast<float*>(nullptr), rows, d, residual.data_as<float>(), post_scale);
     }

@@ -25,6 +25,7 @@ namespace specula::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+static_assert(norm_block_threads(32) == kThreads, "warp-row norms run in kThreads blocks");
 constexpr int kWarps = kThreads / 32;
 // Grid-stride kernels never launch more blocks than this; each block loops.
 constexpr unsigned kMaxBlocks = 65535;
@@ -142,15 +143,16 @@ __device__ __forceinline__ void add_norm_row_in_registers(const float* xr, float
 // elements on an H200. The sums see the same values in the same order, so both
 // forms give the same bits.
 template <DType kW, DType kN, int kGroup, int kPer>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(norm_block_threads(kGroup))
     rms_norm_add_norm_kernel(const float* x, const void* weight, float eps, float* residual,
                              float post_scale, const void* next_weight, float* next_out,
                              int64_t rows, int64_t d, __nv_bfloat16* split,
                              int64_t split_row_chunks) {
   pdl_launch_dependents();
-  constexpr int kRowsPerBlock = kThreads / kGroup;
+  constexpr int kBlock = norm_block_threads(kGroup);
+  constexpr int kRowsPerBlock = kBlock / kGroup;
   constexpr int kHeld = kPer > 0 ? kPer : 1;
-  __shared__ double partials[kThreads / 32];
+  __shared__ double partials[kBlock / 32];
   const int lane = threadIdx.x % kGroup;
   const int group = threadIdx.x / kGroup;
   const bool has_w = weight != nullptr;
@@ -170,9 +172,8 @@ __global__ void __launch_bounds__(kThreads)
     float* rrow = residual + (active ? r : 0) * d;
     float* orow = next_out + (active ? r : 0) * d;
     if constexpr (kPer > 0) {
-      static_assert(kGroup == kThreads && kThreads == 256,
-                    "rows held in registers are the block path's");
-      add_norm_row_in_registers<kThreads, kPer>(xr, rrow, orow, w, has_w, nw, has_nw, eps,
+      static_assert(kGroup == kNormBlockThreads, "rows held in registers are the block path's");
+      add_norm_row_in_registers<kNormBlockThreads, kPer>(xr, rrow, orow, w, has_w, nw, has_nw, eps,
                                                 post_scale, d, partials, split, split_row_chunks,
                                                 r);
       continue;  // the helper also wrote the split's padding
@@ -182,7 +183,7 @@ __global__ void __launch_bounds__(kThreads)
       if (active) {
         for (int64_t j = lane; j < d; j += kGroup) rms_accumulate(sum, xr[j]);
       }
-      sum = rms_group_sum<kGroup, kThreads>(sum, partials);
+      sum = rms_group_sum<kGroup, kBlock>(sum, partials);
       if (active) {
         const float inv = rms_inv(sum, d, eps);
         for (int64_t c = lane; c < d; c += kGroup) {
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(kThreads)
           rms_accumulate(next_sum, updated);
         }
       }
-      next_sum = rms_group_sum<kGroup, kThreads>(next_sum, partials);
+      next_sum = rms_group_sum<kGroup, kBlock>(next_sum, partials);
       if (!active) continue;
       const float next_inv = rms_inv(next_sum, d, eps);
       for (int64_t c = lane; c < d; c += kGroup) {
@@ -369,7 +370,7 @@ void CudaBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& posit
 // x, residual, next_out f32 [..., D]; weight, next_weight [D] f32|bf16|f16 or
 // empty; residual is a different buffer from x, next_out overlaps neither.
 // Rows up to 1024 wide get a warp each (8 rows per 256-thread block), wider
-// rows a 256-thread block, as rms_norm chooses.
+// rows a kNormBlockThreads block, as rms_norm chooses.
 void CudaBackend::rms_norm_add_norm(const Tensor& x, const Tensor& weight, float eps,
                                     const Tensor& residual, float post_scale,
                                     const Tensor& next_weight, const Tensor& next_out) {
@@ -420,18 +421,20 @@ void CudaBackend::rms_norm_add_norm(const Tensor& x, const Tensor& weight, float
     with_float_dtype(ndt, [&](auto ntag) {
       constexpr DType kW = decltype(wtag)::value;
       constexpr DType kN = decltype(ntag)::value;
-      const auto launch = [&](auto kernel, unsigned grid) {
-        launch_pdl(kernel, grid, kThreads, 0, stream(), "rms_norm_add_norm_kernel",
+      const auto launch = [&](auto kernel, unsigned grid, int threads) {
+        launch_pdl(kernel, grid, threads, 0, stream(), "rms_norm_add_norm_kernel",
                    x.data_as<const float>(), weight.data(), eps, residual.data_as<float>(),
                    post_scale, next_weight.data(), next_out.data_as<float>(), rows, d, split,
                    split_row_chunks);
       };
       if (d <= kWarpRowMax) {
-        launch(rms_norm_add_norm_kernel<kW, kN, 32, 0>, grid_for(rows, kWarps));
-      } else if (d <= int64_t{kRegisterElems} * kThreads) {
-        launch(rms_norm_add_norm_kernel<kW, kN, kThreads, kRegisterElems>, grid_for(rows, 1));
+        launch(rms_norm_add_norm_kernel<kW, kN, 32, 0>, grid_for(rows, kWarps), kThreads);
+      } else if (d <= int64_t{kRegisterElems} * kNormBlockThreads) {
+        launch(rms_norm_add_norm_kernel<kW, kN, kNormBlockThreads, kRegisterElems>,
+               grid_for(rows, 1), kNormBlockThreads);
       } else {
-        launch(rms_norm_add_norm_kernel<kW, kN, kThreads, 0>, grid_for(rows, 1));
+        launch(rms_norm_add_norm_kernel<kW, kN, kNormBlockThreads, 0>, grid_for(rows, 1),
+               kNormBlockThreads);
       }
     });
   });
