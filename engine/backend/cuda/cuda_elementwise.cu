@@ -577,13 +577,12 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, con
                  out.data_as<float>(), rows, d, static_cast<float*>(nullptr), 1.0f);
     } else if (d <= int64_t{kRegisterElems} * kNormBlockThreads) {
       launch_pdl(rms_norm_kernel<kDt, kNormBlockThreads, kRegisterElems>, grid_for(rows, 1),
-                 kNormBlockThreads, 0,
-                 stream(), "rms_norm_kernel", x.data_as<const float>(), weight.data(), eps,
-                 out.data_as<float>(), rows, d, static_cast<float*>(nullptr), 1.0f);
+                 kNormBlockThreads, 0, stream(), "rms_norm_kernel", x.data_as<const float>(),
+                 weight.data(), eps, out.data_as<float>(), rows, d, static_cast<float*>(nullptr),
+                 1.0f);
     } else {
       launch_pdl(rms_norm_kernel<kDt, kNormBlockThreads, 0>, grid_for(rows, 1), kNormBlockThreads,
-                 0, stream(),
-                 "rms_norm_kernel", x.data_as<const float>(), weight.data(), eps,
+                 0, stream(), "rms_norm_kernel", x.data_as<const float>(), weight.data(), eps,
                  out.data_as<float>(), rows, d, static_cast<float*>(nullptr), 1.0f);
     }
   });
@@ -623,13 +622,12 @@ void CudaBackend::rms_norm_add(const Tensor& x, const Tensor& weight, float eps,
                  static_cast<float*>(nullptr), rows, d, residual.data_as<float>(), post_scale);
     } else if (d <= int64_t{kRegisterElems} * kNormBlockThreads) {
       launch_pdl(rms_norm_kernel<kDt, kNormBlockThreads, kRegisterElems>, grid_for(rows, 1),
-                 kNormBlockThreads, 0,
-                 stream(), "rms_norm_kernel (add)", x.data_as<const float>(), weight.data(), eps,
-                 static_cast<float*>(nullptr), rows, d, residual.data_as<float>(), post_scale);
+                 kNormBlockThreads, 0, stream(), "rms_norm_kernel (add)", x.data_as<const float>(),
+                 weight.data(), eps, static_cast<float*>(nullptr), rows, d,
+                 residual.data_as<float>(), post_scale);
     } else {
       launch_pdl(rms_norm_kernel<kDt, kNormBlockThreads, 0>, grid_for(rows, 1), kNormBlockThreads,
-                 0, stream(),
-                 "rms_norm_kernel (add)", x.data_as<const float>(), weight.data(), eps,
+                 0, stream(), "rms_norm_kernel (add)", x.data_as<const float>(), weight.data(), eps,
                  static_cast<float*>(nullptr), rows, d, residual.data_as<float>(), post_scale);
     }
   });

@@ -174,8 +174,8 @@ __global__ void __launch_bounds__(norm_block_threads(kGroup))
     if constexpr (kPer > 0) {
       static_assert(kGroup == kNormBlockThreads, "rows held in registers are the block path's");
       add_norm_row_in_registers<kNormBlockThreads, kPer>(xr, rrow, orow, w, has_w, nw, has_nw, eps,
-                                                post_scale, d, partials, split, split_row_chunks,
-                                                r);
+                                                         post_scale, d, partials, split,
+                                                         split_row_chunks, r);
       continue;  // the helper also wrote the split's padding
     } else {
       double sum = 0.0;
