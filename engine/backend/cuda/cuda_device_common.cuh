@@ -108,8 +108,11 @@ __device__ __forceinline__ double fixed_block_sum(double v, double* partials) {
 // ms with 256, 17.25-17.32 with 512, 17.81-17.83 with 1,024.
 inline constexpr int kNormBlockThreads = 512;
 
-// Block size of a norm kernel whose rows take `group` threads each: warp rows
-// run eight to a 256-thread block, wider rows one to a kNormBlockThreads block.
+// Rows up to this wide are normalised by one warp (eight rows to a 256-thread
+// block), wider ones by a whole kNormBlockThreads block.
+inline constexpr int64_t kWarpRowMax = 1024;
+
+// Block size of a norm kernel whose rows take `group` threads each.
 __host__ __device__ constexpr int norm_block_threads(int group) {
   return group == 32 ? 256 : group;
 }
@@ -118,6 +121,24 @@ __host__ __device__ constexpr int norm_block_threads(int group) {
 // in registers between the norm's passes (rows of up to 6,144 floats); wider
 // rows loop over memory. Either form gives the same bits.
 inline constexpr int kRegisterElems = 6144 / kNormBlockThreads;
+
+// The one choice of thread pattern for a norm over rows of d floats, shared by
+// rms_norm, rms_norm_add and rms_norm_add_norm so that the fused op keeps the
+// separate ops' bits: calls f(kGroup, kPer) as integral constants (kGroup
+// threads a row: 32 or kNormBlockThreads; kPer elements a thread held in
+// registers, 0 for rows that loop over memory). A kernel instantiated for them
+// runs in blocks of norm_block_threads(kGroup) threads.
+template <typename F>
+void with_norm_rows(int64_t d, F&& f) {
+  if (d <= kWarpRowMax) {
+    f(std::integral_constant<int, 32>{}, std::integral_constant<int, 0>{});
+  } else if (d <= int64_t{kRegisterElems} * kNormBlockThreads) {
+    f(std::integral_constant<int, kNormBlockThreads>{},
+      std::integral_constant<int, kRegisterElems>{});
+  } else {
+    f(std::integral_constant<int, kNormBlockThreads>{}, std::integral_constant<int, 0>{});
+  }
+}
 
 // v[i] = p[lane + i·kStride] for the kPer elements a thread holds of a row of
 // n (> 0) elements of dtype kDt (f32, or a 16-bit float widened exactly), 0

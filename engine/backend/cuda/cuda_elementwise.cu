@@ -28,7 +28,6 @@ namespace specula::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-static_assert(norm_block_threads(32) == kThreads, "warp-row norms run in kThreads blocks");
 // Grid-stride kernels never launch more blocks than this; each thread loops.
 constexpr unsigned kMaxBlocks = 65535;
 
@@ -206,6 +205,27 @@ __global__ void __launch_bounds__(norm_block_threads(kGroup))
       }
     }
   }
+}
+
+// rms_norm_kernel over x f32 [..., d] (d = x's last dimension > 0, checked by
+// the caller), in the thread pattern with_norm_rows picks for d: writes
+// out = rms_norm(x)·weight, or with a residual (out null) updates
+// residual = (residual + rms_norm(x)·weight)·post_scale.
+void launch_rms_norm(const Tensor& x, const Tensor& weight, float eps, float* out, float* residual,
+                     float post_scale, const char* name, cudaStream_t stream) {
+  const int64_t d = x.dim(-1);
+  const int64_t rows = x.numel() / d;
+  const DType wdt = weight.empty() ? DType::kF32 : weight.dtype();
+  with_float_dtype(wdt, [&](auto tag) {
+    constexpr DType kDt = decltype(tag)::value;
+    with_norm_rows(d, [&](auto group, auto per) {
+      constexpr int kGroup = decltype(group)::value;
+      constexpr int kBlock = norm_block_threads(kGroup);
+      launch_pdl(rms_norm_kernel<kDt, kGroup, decltype(per)::value>,
+                 grid_for(rows, kBlock / kGroup), kBlock, 0, stream, name, x.data_as<const float>(),
+                 weight.data(), eps, out, rows, d, residual, post_scale);
+    });
+  });
 }
 
 // ---- rope ----
@@ -565,27 +585,7 @@ void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, con
            weight.describe(), d, x.describe());
     }
   }
-  const int64_t rows = x.numel() / d;
-  const DType wdt = weight.empty() ? DType::kF32 : weight.dtype();
-  constexpr int64_t kWarpRowMax = 1024;
-  with_float_dtype(wdt, [&](auto tag) {
-    constexpr DType kDt = decltype(tag)::value;
-    if (d <= kWarpRowMax) {
-      constexpr int kRowsPerBlock = kThreads / 32;
-      launch_pdl(rms_norm_kernel<kDt, 32, 0>, grid_for(rows, kRowsPerBlock), kThreads, 0, stream(),
-                 "rms_norm_kernel", x.data_as<const float>(), weight.data(), eps,
-                 out.data_as<float>(), rows, d, static_cast<float*>(nullptr), 1.0f);
-    } else if (d <= int64_t{kRegisterElems} * kNormBlockThreads) {
-      launch_pdl(rms_norm_kernel<kDt, kNormBlockThreads, kRegisterElems>, grid_for(rows, 1),
-                 kNormBlockThreads, 0, stream(), "rms_norm_kernel", x.data_as<const float>(),
-                 weight.data(), eps, out.data_as<float>(), rows, d, static_cast<float*>(nullptr),
-                 1.0f);
-    } else {
-      launch_pdl(rms_norm_kernel<kDt, kNormBlockThreads, 0>, grid_for(rows, 1), kNormBlockThreads,
-                 0, stream(), "rms_norm_kernel", x.data_as<const float>(), weight.data(), eps,
-                 out.data_as<float>(), rows, d, static_cast<float*>(nullptr), 1.0f);
-    }
-  });
+  launch_rms_norm(x, weight, eps, out.data_as<float>(), nullptr, 1.0f, "rms_norm_kernel", stream());
 }
 
 // residual = (residual + rms_norm(x)·weight) · post_scale in one kernel (x is
@@ -610,27 +610,8 @@ void CudaBackend::rms_norm_add(const Tensor& x, const Tensor& weight, float eps,
     fail("rms_norm_add: x {} and residual {} must be different buffers", x.describe(),
          residual.describe());
   }
-  const int64_t rows = x.numel() / d;
-  const DType wdt = weight.empty() ? DType::kF32 : weight.dtype();
-  constexpr int64_t kWarpRowMax = 1024;
-  with_float_dtype(wdt, [&](auto tag) {
-    constexpr DType kDt = decltype(tag)::value;
-    if (d <= kWarpRowMax) {
-      constexpr int kRowsPerBlock = kThreads / 32;
-      launch_pdl(rms_norm_kernel<kDt, 32, 0>, grid_for(rows, kRowsPerBlock), kThreads, 0, stream(),
-                 "rms_norm_kernel (add)", x.data_as<const float>(), weight.data(), eps,
-                 static_cast<float*>(nullptr), rows, d, residual.data_as<float>(), post_scale);
-    } else if (d <= int64_t{kRegisterElems} * kNormBlockThreads) {
-      launch_pdl(rms_norm_kernel<kDt, kNormBlockThreads, kRegisterElems>, grid_for(rows, 1),
-                 kNormBlockThreads, 0, stream(), "rms_norm_kernel (add)", x.data_as<const float>(),
-                 weight.data(), eps, static_cast<float*>(nullptr), rows, d,
-                 residual.data_as<float>(), post_scale);
-    } else {
-      launch_pdl(rms_norm_kernel<kDt, kNormBlockThreads, 0>, grid_for(rows, 1), kNormBlockThreads,
-                 0, stream(), "rms_norm_kernel (add)", x.data_as<const float>(), weight.data(), eps,
-                 static_cast<float*>(nullptr), rows, d, residual.data_as<float>(), post_scale);
-    }
-  });
+  launch_rms_norm(x, weight, eps, nullptr, residual.data_as<float>(), post_scale,
+                  "rms_norm_kernel (add)", stream());
 }
 
 // Rotate-half RoPE in place. x f32 [M, heads, D]; positions i32 [M] and

@@ -25,13 +25,9 @@ namespace specula::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-static_assert(norm_block_threads(32) == kThreads, "warp-row norms run in kThreads blocks");
 constexpr int kWarps = kThreads / 32;
 // Grid-stride kernels never launch more blocks than this; each block loops.
 constexpr unsigned kMaxBlocks = 65535;
-// rms_norm's choice (cuda_elementwise.cu): rows up to this wide get a warp,
-// wider rows the whole block. Must stay equal for the fused norms to match.
-constexpr int64_t kWarpRowMax = 1024;
 // Widest head attention_inputs fuses; each lane keeps kMaxHeadDim / 32 floats
 // of a row in registers. Wider heads take the unfused composition.
 constexpr int64_t kMaxHeadDim = 512;
@@ -421,21 +417,15 @@ void CudaBackend::rms_norm_add_norm(const Tensor& x, const Tensor& weight, float
     with_float_dtype(ndt, [&](auto ntag) {
       constexpr DType kW = decltype(wtag)::value;
       constexpr DType kN = decltype(ntag)::value;
-      const auto launch = [&](auto kernel, unsigned grid, int threads) {
-        launch_pdl(kernel, grid, threads, 0, stream(), "rms_norm_add_norm_kernel",
+      with_norm_rows(d, [&](auto group, auto per) {
+        constexpr int kGroup = decltype(group)::value;
+        constexpr int kBlock = norm_block_threads(kGroup);
+        launch_pdl(rms_norm_add_norm_kernel<kW, kN, kGroup, decltype(per)::value>,
+                   grid_for(rows, kBlock / kGroup), kBlock, 0, stream(), "rms_norm_add_norm_kernel",
                    x.data_as<const float>(), weight.data(), eps, residual.data_as<float>(),
                    post_scale, next_weight.data(), next_out.data_as<float>(), rows, d, split,
                    split_row_chunks);
-      };
-      if (d <= kWarpRowMax) {
-        launch(rms_norm_add_norm_kernel<kW, kN, 32, 0>, grid_for(rows, kWarps), kThreads);
-      } else if (d <= int64_t{kRegisterElems} * kNormBlockThreads) {
-        launch(rms_norm_add_norm_kernel<kW, kN, kNormBlockThreads, kRegisterElems>,
-               grid_for(rows, 1), kNormBlockThreads);
-      } else {
-        launch(rms_norm_add_norm_kernel<kW, kN, kNormBlockThreads, 0>, grid_for(rows, 1),
-               kNormBlockThreads);
-      }
+      });
     });
   });
 }
