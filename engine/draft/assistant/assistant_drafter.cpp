@@ -13,10 +13,7 @@ size_t aligned(size_t bytes) {
 }  // namespace
 
 AssistantDraftSource::AssistantDraftSource(gemma4::Gemma4Model& target, AssistantDrafter& drafter)
-    : target_(target),
-      drafter_(drafter),
-      backend_(target.backend()),
-      donors_(target.backend(), target.config()) {
+    : target_(target), drafter_(drafter), backend_(target.backend()) {
   if (&drafter.backend() != &target.backend()) {
     fail("assistant drafter on {} cannot draft for a target on {}: both must use one backend",
          drafter.backend().device().str(), target.backend().device().str());
@@ -29,6 +26,12 @@ Tensor AssistantDraftSource::step(int step_index, std::span<const DraftRow> rows
 
 Tensor AssistantDraftSource::step_on_device(int step_index, std::span<const DraftRow> rows,
                                             const DraftDeviceInputs& inputs) {
+  check_device_inputs(step_index, rows, inputs);
+  return draft_step(step_index, rows, &inputs);
+}
+
+void AssistantDraftSource::check_device_inputs(int step_index, std::span<const DraftRow> rows,
+                                               const DraftDeviceInputs& inputs) const {
   const int64_t B = static_cast<int64_t>(rows.size());
   const int64_t Hb = drafter_.config().backbone_hidden_size;
   const Device dev = backend_.device();
@@ -42,77 +45,115 @@ Tensor AssistantDraftSource::step_on_device(int step_index, std::span<const Draf
     fail("draft step 0: device hiddens {} must be f32 [{}, {}] on {}", inputs.hidden.describe(), B,
          Hb, dev.str());
   }
-  return draft_step(step_index, rows, &inputs);
 }
 
 Tensor AssistantDraftSource::draft_step(int step_index, std::span<const DraftRow> rows,
                                         const DraftDeviceInputs* device) {
+  // Run at once, so every step can take input slot 0 (and share recordings).
+  stage(step_index, rows, device, /*slot=*/0);
+  // The device work depends on the host only through pointers and shapes: it
+  // is recorded the second time its shape is seen and replayed after (like
+  // the target's steps).
+  if (!backend_.supports_graphs() || !target_.graphs_enabled()) return run_staged_step(step_index);
+  graph_key_.clear();
+  append_step_key(step_index, graph_key_);
+  return graphs_.run(backend_, graph_key_, [&] { return run_staged_step(step_index); });
+}
+
+void AssistantDraftSource::stage_step(int step_index, std::span<const DraftRow> rows,
+                                      const DraftDeviceInputs& inputs) {
+  check_device_inputs(step_index, rows, inputs);
+  stage(step_index, rows, &inputs, /*slot=*/step_index);
+}
+
+AssistantDraftSource::InputViews AssistantDraftSource::input_views(int slot, int64_t B) const {
+  const int64_t Hb = drafter_.config().backbone_hidden_size;
+  const size_t ids_bytes = aligned(static_cast<size_t>(3 * input_rows_) * sizeof(int32_t));
+  const size_t rows_bytes = aligned(static_cast<size_t>(input_rows_ * Hb) * sizeof(float));
+  char* base = static_cast<char*>(inputs_.data());
+  char* shared = base + static_cast<size_t>(input_steps_) * ids_bytes;
+  const Device dev = backend_.device();
+  return {.ids_positions =
+              Tensor(base + static_cast<size_t>(slot) * ids_bytes, DType::kI32, {3, B}, dev),
+          .embeds = Tensor(shared, DType::kF32, {B, Hb}, dev),
+          .gathered = Tensor(shared + rows_bytes, DType::kF32, {B, Hb}, dev)};
+}
+
+void AssistantDraftSource::stage(int step_index, std::span<const DraftRow> rows,
+                                 const DraftDeviceInputs* device, int slot) {
   Backend& be = backend_;
   const int64_t B = static_cast<int64_t>(rows.size());
   const int64_t Hb = drafter_.config().backbone_hidden_size;
   SPECULA_CHECK(B > 0, "draft step {} has no rows", step_index);
-  const size_t ids_bytes = aligned(static_cast<size_t>(3 * B) * sizeof(int32_t));
-  const size_t rows_bytes = aligned(static_cast<size_t>(B * Hb) * sizeof(float));
-  if (B > input_rows_) {
-    inputs_ = DeviceBuffer(be, ids_bytes + 2 * rows_bytes);
-    input_rows_ = B;
-  }
-  char* base = static_cast<char*>(inputs_.data());
-  // Rows: token ids, positions, and each row's newest target key (the donor
-  // attention's query position).
-  const Tensor ids_positions(base, DType::kI32, {3, B}, be.device());
-  const Tensor embeds(base + ids_bytes, DType::kF32, {B, Hb}, be.device());
-  const Tensor gathered(base + ids_bytes + rows_bytes, DType::kF32, {B, Hb}, be.device());
+  SPECULA_CHECK(step_index >= 0 && (step_index == 0 || step_index <= staged_steps_),
+                "draft step {} staged after {} steps of the round", step_index, staged_steps_);
+  staged_steps_ = step_index + 1;
+  while (static_cast<int64_t>(plans_.size()) < staged_steps_)
+    plans_.emplace_back(be, target_.config());
+  StepPlan& plan = plans_[static_cast<size_t>(step_index)];
+  plan.B = B;
+  plan.first = step_index == 0;
+  plan.slot = slot;
+  plan.device_tokens = device ? device->tokens : Tensor();
+  plan.device_hidden = device && step_index == 0 ? device->hidden : Tensor();
 
-  // Ids and positions: staged on the host, one upload.
-  host_ids_.resize(static_cast<size_t>(3 * B));
-  kvs_.clear();
+  // Ids and positions: staged on the host, one upload into this step's slot
+  // (each step of a round has its own, so all of them may be staged first).
+  plan.host_ids.resize(static_cast<size_t>(3 * B));
+  plan.kvs.clear();
   for (int64_t b = 0; b < B; ++b) {
     const DraftRow& r = rows[static_cast<size_t>(b)];
     SPECULA_CHECK(r.target_kv != nullptr && r.target_kv->length() > 0,
                   "draft step {}: request {} needs a prefilled target cache", step_index,
                   r.request);
-    host_ids_[static_cast<size_t>(b)] = device ? 0 : r.token;
-    host_ids_[static_cast<size_t>(B + b)] = r.position;
-    host_ids_[static_cast<size_t>(2 * B + b)] = static_cast<int32_t>(r.target_kv->length() - 1);
-    kvs_.push_back(r.target_kv);
+    plan.host_ids[static_cast<size_t>(b)] = device ? 0 : r.token;
+    plan.host_ids[static_cast<size_t>(B + b)] = r.position;
+    plan.host_ids[static_cast<size_t>(2 * B + b)] = static_cast<int32_t>(r.target_kv->length() - 1);
+    plan.kvs.push_back(r.target_kv);
+  }
+  if (B > input_rows_ || slot >= input_steps_) {
+    // Grown between rounds (more rows) or at a recorded round's longest step
+    // so far: the steps staged ahead of this one (not run yet) move with the
+    // buffer.
+    input_rows_ = std::max(input_rows_, B);
+    input_steps_ = std::max<int64_t>(input_steps_, std::max(slot + 1, 4));
+    const size_t ids_bytes = aligned(static_cast<size_t>(3 * input_rows_) * sizeof(int32_t));
+    const size_t rows_bytes = aligned(static_cast<size_t>(input_rows_ * Hb) * sizeof(float));
+    inputs_ = DeviceBuffer(be, static_cast<size_t>(input_steps_) * ids_bytes + 2 * rows_bytes);
+    for (int j = 0; slot > 0 && j < step_index; ++j) {
+      StepPlan& earlier = plans_[static_cast<size_t>(j)];
+      const Tensor moved = input_views(earlier.slot, earlier.B).ids_positions;
+      be.upload_async(earlier.host_ids.data(), moved);
+      earlier.donors.bind(earlier.kvs, moved.row(2));
+    }
   }
   // Queued without a wait: the host goes on to queue the step behind it.
-  be.upload_async(host_ids_.data(), ids_positions);
-  if (device) be.copy(device->tokens, ids_positions.row(0));
+  be.upload_async(plan.host_ids.data(), input_views(slot, B).ids_positions);
 
-  Tensor hidden;
   if (step_index == 0) {
     // A new round: the chain restarts from the target's hiddens (host pointers
-    // or, with device inputs, a device tensor).
+    // or, with device inputs, a device tensor copied in by the device half).
     if (chain_.size() < static_cast<size_t>(B * Hb) * sizeof(float)) {
       chain_ = DeviceBuffer(be, static_cast<size_t>(B * Hb) * sizeof(float));
     }
-    if (!device) host_hidden_.resize(static_cast<size_t>(B * Hb));
     chain_requests_.clear();
-    for (int64_t b = 0; b < B; ++b) {
-      const DraftRow& r = rows[static_cast<size_t>(b)];
-      if (!device) {
+    for (const DraftRow& r : rows) chain_requests_.push_back(r.request);
+    plan.slots.resize(static_cast<size_t>(B));
+    for (int64_t b = 0; b < B; ++b) plan.slots[static_cast<size_t>(b)] = b;
+    if (!device) {
+      host_hidden_.resize(static_cast<size_t>(B * Hb));
+      for (int64_t b = 0; b < B; ++b) {
+        const DraftRow& r = rows[static_cast<size_t>(b)];
         SPECULA_CHECK(r.target_hidden != nullptr,
                       "draft step 0 of request {} needs the target hidden", r.request);
         std::memcpy(host_hidden_.data() + b * Hb, r.target_hidden,
                     static_cast<size_t>(Hb) * sizeof(float));
       }
-      chain_requests_.push_back(r.request);
-    }
-    slots_.resize(static_cast<size_t>(B));
-    for (int64_t b = 0; b < B; ++b) slots_[static_cast<size_t>(b)] = b;
-    hidden = chain_.view(DType::kF32, {B, Hb});
-    if (device) {
-      // Copied into the chain rather than read in place: the recorded steps
-      // then always see the same buffers (the caller's may move between calls).
-      be.copy(device->hidden, hidden);
-    } else {
-      be.upload_async(host_hidden_.data(), hidden);
+      be.upload_async(host_hidden_.data(), chain_.view(DType::kF32, {B, Hb}));
     }
   } else {
     // Find each row's chain row (rows keep step 0's order, so the search walks forward).
-    slots_.resize(static_cast<size_t>(B));
+    plan.slots.resize(static_cast<size_t>(B));
     size_t next = 0;
     for (int64_t b = 0; b < B; ++b) {
       const int request = rows[static_cast<size_t>(b)].request;
@@ -123,44 +164,34 @@ Tensor AssistantDraftSource::draft_step(int step_index, std::span<const DraftRow
             "subset of step 0's, in the same order)",
             step_index, request);
       }
-      slots_[static_cast<size_t>(b)] = static_cast<int64_t>(next++);
-    }
-    const Tensor chain =
-        chain_.view(DType::kF32, {static_cast<int64_t>(chain_requests_.size()), Hb});
-    if (slots_.back() == B - 1) {
-      // Rows are the chain's first B rows: read them in place.
-      hidden = chain.slice_rows(0, B);
-    } else {
-      // Gather runs of consecutive chain rows.
-      for (int64_t b = 0; b < B;) {
-        int64_t e = b + 1;
-        while (e < B && slots_[static_cast<size_t>(e)] == slots_[static_cast<size_t>(e - 1)] + 1)
-          ++e;
-        const int64_t s = slots_[static_cast<size_t>(b)];
-        be.copy(chain.slice_rows(s, s + (e - b)), gathered.slice_rows(b, e));
-        b = e;
-      }
-      hidden = gathered;
+      plan.slots[static_cast<size_t>(b)] = static_cast<int64_t>(next++);
     }
   }
+  // This step's own donors (steps staged ahead of a round each keep theirs);
+  // the newest keys are read from the step's uploaded row 2. A verify window
+  // staged before the step runs commits nothing until it finishes, so the
+  // lengths attend() reads stay the step's.
+  plan.donors.bind(plan.kvs, input_views(slot, B).ids_positions.row(2));
+}
 
-  // The device work from here on depends on the host only through pointers
-  // and shapes: it is recorded the second time its shape is seen and replayed
-  // after (like the target's steps).
-  const bool graph_ok = be.supports_graphs() && target_.graphs_enabled();
-  if (!graph_ok) return run_step(ids_positions, embeds, hidden, B);
-  std::vector<int64_t>& key = graph_key_;
-  key.clear();
-  key.push_back(B);
-  key.push_back(step_index == 0);
+void AssistantDraftSource::append_step_key(int step_index, std::vector<int64_t>& key) const {
+  SPECULA_CHECK(step_index >= 0 && step_index < staged_steps_, "draft step {} is not staged",
+                step_index);
+  const StepPlan& plan = plans_[static_cast<size_t>(step_index)];
+  key.push_back(plan.B);
+  key.push_back(plan.first);
+  key.push_back(plan.slot);
   key.push_back(reinterpret_cast<intptr_t>(inputs_.data()));
+  key.push_back(input_rows_);
+  key.push_back(input_steps_);
   key.push_back(reinterpret_cast<intptr_t>(chain_.data()));
   key.push_back(static_cast<int64_t>(chain_requests_.size()));
   key.push_back(reinterpret_cast<intptr_t>(drafter_.arena_base()));
-  key.push_back(reinterpret_cast<intptr_t>(hidden.data()));
-  for (int64_t b = 0; b < B; ++b) {
-    const SequenceKv& kv = *kvs_[static_cast<size_t>(b)];
-    key.push_back(slots_[static_cast<size_t>(b)]);
+  key.push_back(reinterpret_cast<intptr_t>(plan.device_tokens.data()));
+  key.push_back(reinterpret_cast<intptr_t>(plan.device_hidden.data()));
+  for (int64_t b = 0; b < plan.B; ++b) {
+    const SequenceKv& kv = *plan.kvs[static_cast<size_t>(b)];
+    key.push_back(plan.slots[static_cast<size_t>(b)]);
     key.push_back(positions_bound_for(kv.length()));  // as TargetCacheDonors::attend
     for (int donor : {target_.config().sliding_donor, target_.config().full_donor}) {
       if (donor < 0) continue;
@@ -168,24 +199,53 @@ Tensor AssistantDraftSource::draft_step(int step_index, std::span<const DraftRow
                                                                  : kv.full_keys(donor, 0).data()));
     }
   }
-  return graphs_.run(be, key, [&] { return run_step(ids_positions, embeds, hidden, B); });
 }
 
-Tensor AssistantDraftSource::run_step(const Tensor& ids_positions, const Tensor& embeds,
-                                      const Tensor& hidden, int64_t B) {
+Tensor AssistantDraftSource::run_staged_step(int step_index) {
+  SPECULA_CHECK(step_index >= 0 && step_index < staged_steps_, "draft step {} is not staged",
+                step_index);
   Backend& be = backend_;
+  StepPlan& plan = plans_[static_cast<size_t>(step_index)];
+  const int64_t B = plan.B;
   const int64_t Hb = drafter_.config().backbone_hidden_size;
-  target_.embed_scaled(ids_positions.row(0), embeds);
-  donors_.bind(kvs_, ids_positions.row(2));
+  const InputViews in = input_views(plan.slot, B);
+  if (!plan.device_tokens.empty()) be.copy(plan.device_tokens, in.ids_positions.row(0));
+  const Tensor chain = chain_.view(DType::kF32, {static_cast<int64_t>(chain_requests_.size()), Hb});
+  Tensor hidden;
+  if (plan.first) {
+    hidden = chain.slice_rows(0, B);
+    // Copied into the chain rather than read in place: the recorded steps
+    // then always see the same buffers (the caller's may move between calls).
+    if (!plan.device_hidden.empty()) be.copy(plan.device_hidden, hidden);
+  } else if (plan.slots.back() == B - 1) {
+    // Rows are the chain's first B rows: read them in place.
+    hidden = chain.slice_rows(0, B);
+  } else {
+    // Gather runs of consecutive chain rows.
+    for (int64_t b = 0; b < B;) {
+      int64_t e = b + 1;
+      while (e < B &&
+             plan.slots[static_cast<size_t>(e)] == plan.slots[static_cast<size_t>(e - 1)] + 1)
+        ++e;
+      const int64_t s = plan.slots[static_cast<size_t>(b)];
+      be.copy(chain.slice_rows(s, s + (e - b)), in.gathered.slice_rows(b, e));
+      b = e;
+    }
+    hidden = in.gathered;
+  }
+
+  target_.embed_scaled(in.ids_positions.row(0), in.embeds);
   DraftStepOutputs out = drafter_.step(
-      {.token_embeds = embeds, .hidden = hidden, .positions = ids_positions.row(1)}, donors_);
+      {.token_embeds = in.embeds, .hidden = hidden, .positions = in.ids_positions.row(1)},
+      plan.donors);
 
   // Chain each row's next hidden back into its chain row, run by run.
-  const Tensor chain = chain_.view(DType::kF32, {static_cast<int64_t>(chain_requests_.size()), Hb});
   for (int64_t b = 0; b < B;) {
     int64_t e = b + 1;
-    while (e < B && slots_[static_cast<size_t>(e)] == slots_[static_cast<size_t>(e - 1)] + 1) ++e;
-    const int64_t s = slots_[static_cast<size_t>(b)];
+    while (e < B &&
+           plan.slots[static_cast<size_t>(e)] == plan.slots[static_cast<size_t>(e - 1)] + 1)
+      ++e;
+    const int64_t s = plan.slots[static_cast<size_t>(b)];
     be.copy(out.next_hidden.slice_rows(b, e), chain.slice_rows(s, s + (e - b)));
     b = e;
   }

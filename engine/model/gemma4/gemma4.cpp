@@ -253,6 +253,22 @@ void Gemma4Model::embed_scaled(const Tensor& ids, const Tensor& out) {
 
 const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
                                           const ForwardOptions& options) {
+  stage(rows, options);
+  if (!staged_recordable_) {
+    run_staged();
+  } else {
+    graph_key_.clear();
+    append_staged_key(graph_key_);
+    graphs_.run(*backend_, graph_key_, [&] {
+      run_staged();
+      return Tensor();
+    });
+  }
+  return finish_staged();
+}
+
+const ForwardOutput& Gemma4Model::stage(std::span<const ForwardRow> rows,
+                                        const ForwardOptions& options) {
   const Gemma4Config& c = config_;
   Backend& be = *backend_;
   SPECULA_CHECK(!rows.empty(), "forward needs at least one row");
@@ -375,7 +391,6 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
   }
   // One transfer per forward, queued without waiting for the device.
   be.upload_async(host_inputs_.data(), s.inputs);
-  if (!options.token_ids.empty()) be.copy(options.token_ids, s.ids);
 
   // Cache bookkeeping of the rows that are not gathered: where each layer's
   // new rows go (the device ops that write them are part of the step).
@@ -400,41 +415,53 @@ const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
   output_.hidden = s.out_hidden;
   output_.logits = options.compute_logits ? s.logits : Tensor();
 
-  // Decode steps and verify windows run as recorded graphs where the backend
-  // has them: the second time a step shape is seen it is recorded, and from
-  // then on replayed (the first sighting runs directly, which also sizes every
-  // scratch buffer the recording must not grow).
-  const bool graph_ok =
+  // Decode steps and verify windows can run as recorded graphs where the
+  // backend has them (forward() records them the second time a step shape is
+  // seen; the first sighting runs directly, which also sizes every scratch
+  // buffer the recording must not grow).
+  staged_rows_ = rows;
+  staged_options_ = options;
+  staged_recordable_ =
       be.supports_graphs() && graphs_enabled_ && !options.prefill &&
       !options.capture_layer_hidden && !options.capture_donor_kv &&
       std::none_of(plans_.begin(), plans_.end(), [](const RowPlan& p) { return p.gather; });
-  if (!graph_ok) {
-    run_step(rows, options);
-  } else {
-    std::vector<int64_t>& key = graph_key_;
-    key.clear();
-    key.push_back(M);
-    key.push_back(options.compute_logits);
-    key.push_back(reinterpret_cast<intptr_t>(arena_.base()));
-    for (size_t r = 0; r < rows.size(); ++r) {
-      const RowPlan& p = plans_[r];
-      key.push_back(p.n);
-      key.push_back(rows[r].all_logits);
-      key.push_back(p.positions_bound);
-      for (const Tensor& t : p.store_k) key.push_back(reinterpret_cast<intptr_t>(t.data()));
-    }
-    graphs_.run(be, key, [&] {
-      run_step(rows, options);
-      return Tensor();
-    });
-  }
+  staged_ = true;
+  return output_;
+}
 
-  if (options.capture_layer_hidden) {
-    output_.layer_hidden.emplace_back(DType::kF32, Shape{M, H});
-    be.rms_norm(s.h, weights_.norm, static_cast<float>(c.rms_norm_eps), s.xn);
+void Gemma4Model::append_staged_key(std::vector<int64_t>& key) const {
+  SPECULA_CHECK(staged_ && staged_recordable_, "append_staged_key: no recordable forward staged");
+  const int64_t M = scratch_->h.dim(0);
+  key.push_back(M);
+  key.push_back(staged_options_.compute_logits);
+  key.push_back(reinterpret_cast<intptr_t>(arena_.base()));
+  key.push_back(reinterpret_cast<intptr_t>(staged_options_.token_ids.data()));
+  for (size_t r = 0; r < staged_rows_.size(); ++r) {
+    const RowPlan& p = plans_[r];
+    key.push_back(p.n);
+    key.push_back(staged_rows_[r].all_logits);
+    key.push_back(p.positions_bound);
+    for (const Tensor& t : p.store_k) key.push_back(reinterpret_cast<intptr_t>(t.data()));
+  }
+}
+
+void Gemma4Model::run_staged() {
+  SPECULA_CHECK(staged_, "run_staged: no forward staged");
+  if (!staged_options_.token_ids.empty()) backend_->copy(staged_options_.token_ids, scratch_->ids);
+  run_step(staged_rows_, staged_options_);
+}
+
+const ForwardOutput& Gemma4Model::finish_staged() {
+  SPECULA_CHECK(staged_, "finish_staged: no forward staged");
+  staged_ = false;
+  const std::span<const ForwardRow> rows = staged_rows_;
+  if (staged_options_.capture_layer_hidden) {
+    Backend& be = *backend_;
+    Scratch& s = *scratch_;
+    output_.layer_hidden.emplace_back(DType::kF32, Shape{s.h.dim(0), config_.hidden_size});
+    be.rms_norm(s.h, weights_.norm, static_cast<float>(config_.rms_norm_eps), s.xn);
     be.download(s.xn, output_.layer_hidden.back().view().data());
   }
-
   for (size_t r = 0; r < rows.size(); ++r) rows[r].kv->commit(plans_[r].n);
   return output_;
 }

@@ -112,6 +112,24 @@ class Gemma4Model {
   const ForwardOutput& forward(std::span<const ForwardRow> rows,
                                const ForwardOptions& options = {});
 
+  // forward() in three parts, for a caller that records several steps as one
+  // (a speculative round: draft steps and the verify window in one graph).
+  // stage() is the host half: it validates (throwing, with every cache
+  // unchanged, on bad input), plans, queues the inputs' upload and returns
+  // the output's views and row offsets, which hold no values yet. rows (and
+  // options.token_ids) must stay valid until finish_staged(). run_staged()
+  // queues the device half directly (never recorded by the model itself);
+  // finish_staged() commits every row's cache and returns the same output.
+  // Between stage() and finish_staged() no other forward may run on this model.
+  const ForwardOutput& stage(std::span<const ForwardRow> rows, const ForwardOptions& options = {});
+  // Whether the staged device half may be recorded (graphs on, no prefill, no
+  // host captures, no gathered rows), and, if so, what it depends on besides
+  // device memory (shapes, buffers, caches, positions bounds), appended to key.
+  bool staged_recordable() const { return staged_recordable_; }
+  void append_staged_key(std::vector<int64_t>& key) const;
+  void run_staged();
+  const ForwardOutput& finish_staged();
+
   // The target's scaled input embedding (×√H cast to the table dtype), as the
   // assistant drafter consumes it. ids i32 [N] → out f32 [N, H].
   void embed_scaled(const Tensor& ids, const Tensor& out);
@@ -169,6 +187,11 @@ class Gemma4Model {
   StepGraphCache graphs_;
   std::vector<int64_t> graph_key_;
   bool graphs_enabled_ = true;
+  // The forward between stage() and finish_staged().
+  std::span<const ForwardRow> staged_rows_;
+  ForwardOptions staged_options_;
+  bool staged_ = false;
+  bool staged_recordable_ = false;
 };
 
 // Builds the inverse frequencies of one layer type (gemma4-architecture.md §2.4):
