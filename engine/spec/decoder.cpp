@@ -135,9 +135,9 @@ void validate(const gemma4::Gemma4Model& target, Drafter* drafter,
 // ONE download per round brings back every draft and the target's choices
 // (greedy: its argmaxes; sampling: each row's accepted count and next token
 // from speculative_accept_rows). Sized for B rows and drafts of up to max_k
-// tokens; allocated once per decode() call.
+// tokens; kept by the DecodeSession for the next call of the same sizes.
 struct DeviceRounds {
-  int64_t B = 0, max_k = 0, V = 0;
+  int64_t B = 0, max_k = 0, V = 0, H = 0;
   bool sampling = false;
   // i32 [pending: B | draft step s: B each, max_k of them | verify ids: B·(max_k+1) |
   //      accepted (sampling): B × {n, next}]
@@ -157,8 +157,9 @@ struct DeviceRounds {
   std::vector<int64_t> host_uniforms;
   std::vector<RowSampling> host_params;
 
-  DeviceRounds(Backend& be, int64_t rows, int64_t k, int64_t H, int64_t vocab, bool sample)
-      : B(rows), max_k(k), V(vocab), sampling(sample) {
+  DeviceRounds(Backend& be, int64_t rows, int64_t k, int64_t hidden_size, int64_t vocab,
+               bool sample)
+      : B(rows), max_k(k), V(vocab), H(hidden_size), sampling(sample) {
     ids = DeviceBuffer(be, static_cast<size_t>(ids_size()) * sizeof(int32_t));
     idx = DeviceBuffer(be, static_cast<size_t>(idx_size()) * sizeof(int32_t));
     gathered = DeviceBuffer(be, static_cast<size_t>(verify_cap() + max_k * B) * sizeof(int32_t));
@@ -250,6 +251,16 @@ struct DeviceRounds {
     pen_on = true;
   }
   bool penalties() const { return pen_on; }
+  // The buffers a recorded round reads and writes (they move when reallocated).
+  void append_key(std::vector<int64_t>& key) const {
+    key.push_back(B);
+    key.push_back(max_k);
+    key.push_back(sampling);
+    for (const DeviceBuffer* b : {&ids, &idx, &gathered, &hidden, &uniforms, &params, &q})
+      key.push_back(reinterpret_cast<intptr_t>(b->data()));
+  }
+  // A kept DeviceRounds serving a new decode() call starts without penalties.
+  void disable_penalties() { pen_on = false; }
   // Appends the next list (returned): when p has penalties, `list` brought up
   // to `history` (whose first num_prompt tokens are the prompt) and staged;
   // else an empty list.
@@ -343,9 +354,25 @@ void DecodeStats::merge(const DecodeStats& o) {
   decode_seconds = std::max(decode_seconds, o.decode_seconds);
 }
 
+struct DecodeSession::State {
+  const gemma4::Gemma4Model* target = nullptr;
+  const Drafter* drafter = nullptr;
+  std::optional<DeviceRounds> rounds;
+  // Whole speculative rounds (draft steps and verify window) recorded by shape.
+  StepGraphCache round_graphs;
+  std::vector<int64_t> round_key;
+};
+
+DecodeSession::DecodeSession() : state_(std::make_unique<State>()) {}
+DecodeSession::~DecodeSession() = default;
+int64_t DecodeSession::round_replays() const {
+  return state_->round_graphs.replays();
+}
+
 std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
                                  std::span<const DecodeRequest> requests,
-                                 const DraftSchedule& schedule, const TokenCallback& on_tokens) {
+                                 const DraftSchedule& schedule, const TokenCallback& on_tokens,
+                                 DecodeSession* session) {
   validate(target, drafter, requests, schedule);
   const int64_t V = target.config().vocab_size;
   const int64_t H = target.config().hidden_size;
@@ -403,9 +430,29 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       std::any_of(requests.begin(), requests.end(),
                   [](const DecodeRequest& r) { return r.params.has_penalties(); });
   const bool device_sampling = !device_greedy && device_drafter && !env_on("SPECULA_HOST_SAMPLING");
-  std::optional<DeviceRounds> dev;
-  if ((device_greedy && drafter && device_drafter) || device_sampling)
-    dev.emplace(be, static_cast<int64_t>(rows.size()), max_k, H, V, device_sampling);
+  DecodeSession local_session;
+  DecodeSession::State& sess = *(session ? session : &local_session)->state_;
+  if (sess.target != &target || sess.drafter != drafter) {
+    // Recorded rounds point into this target's and drafter's buffers, and the
+    // round buffers live on the target's device.
+    sess.round_graphs.clear();
+    sess.rounds.reset();
+    sess.target = &target;
+    sess.drafter = drafter;
+  }
+  DeviceRounds* dev = nullptr;
+  if ((device_greedy && drafter && device_drafter) || device_sampling) {
+    const auto B = static_cast<int64_t>(rows.size());
+    std::optional<DeviceRounds>& kept = sess.rounds;
+    if (!kept || kept->B != B || kept->max_k != max_k || kept->V != V || kept->H != H ||
+        kept->sampling != device_sampling) {
+      kept.reset();  // frees the old buffers first
+      kept.emplace(be, B, max_k, H, V, device_sampling);
+      sess.round_graphs.clear();  // they point into the old buffers
+    }
+    dev = &*kept;
+    dev->disable_penalties();
+  }
   if (device_sampling && any_penalties) {
     int64_t entries = 0;
     for (const Row& r : rows) entries += static_cast<int64_t>(r.history.capacity());
@@ -568,9 +615,35 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
   std::vector<size_t> draft_owner;
   std::vector<int32_t> verify_tokens;
   std::vector<int64_t> pos0;
-  std::vector<int64_t> row_slots;     // device rounds: [active, max_k] row index within step s
-  std::vector<int64_t> step_rows;     // device rounds: rows of step s
-  std::vector<int32_t> draft_at_ids;  // device penalties: a row's drafts so far, in `ids`
+  std::vector<int64_t> row_slots;      // device rounds: [active, max_k] row index within step s
+  std::vector<int64_t> step_rows;      // device rounds: rows of step s
+  std::vector<int32_t> draft_at_ids;   // device penalties: a row's drafts so far, in `ids`
+  std::vector<uint8_t> step_gathered;  // device rounds: step s gathers its rows' tokens
+  // SPECULA_ROUND_GRAPHS=1 records each round whole instead of its draft
+  // steps and verify window one by one (which measured faster on one H200:
+  // the per-step graphs queue while the GPU runs the steps before them).
+  const bool staged_rounds =
+      drafter && dev && drafter->stages_steps() && env_on("SPECULA_ROUND_GRAPHS");
+  // Device rounds: step s's tokens gathered from `ids` when some rows' drafts
+  // ended before it (else they are a contiguous run there already).
+  auto gather_step_tokens = [&](int s, int64_t n) {
+    DeviceRounds& d = *dev;
+    be.gather_rows(d.ids_slice(0, d.ids_size()), d.idx_slice(d.B + d.verify_cap() + s * d.B, n),
+                   d.gathered_slice(d.verify_cap() + s * d.B, n));
+  };
+  // Device rounds: step s's drafts from its logits (n rows), into `ids`.
+  auto draft_tail = [&](int s, const Tensor& step_logits, int64_t n) {
+    DeviceRounds& d = *dev;
+    if (d.sampling) {
+      // q of this step, kept for the acceptance; the draft is a sample of it.
+      if (d.penalties()) be.apply_penalties_rows(d.penalty_rows(step_logits, s * d.B));
+      const Tensor q = d.q_all().slice_rows(s * d.B, s * d.B + n);
+      be.process_logits_rows(step_logits, d.params_slice(s * d.B, n), q);
+      be.sample_rows(q, d.uniforms_slice(s * d.B, n), d.ids_slice(d.draft_at(s), n));
+    } else {
+      be.argmax_rows(step_logits, d.ids_slice(d.draft_at(s), n));
+    }
+  };
   active.reserve(rows.size());
   draft_at_ids.reserve(static_cast<size_t>(max_k));
   fwd.reserve(rows.size());
@@ -679,7 +752,12 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       if (d.penalties()) d.upload_penalties(be);
     }
 
-    // Draft: step s runs the rows whose draft length exceeds s.
+    // Draft: step s runs the rows whose draft length exceeds s. A drafter that
+    // stages its steps (Drafter::stages_steps) gets all of them staged here
+    // and run after the verify window is staged too, so that the round's
+    // device work can be recorded as one graph (below); others run each step
+    // as it comes.
+    step_gathered.assign(static_cast<size_t>(round_k), 0);
     for (int s = 0; drafter && dev; ++s) {
       draft_rows.clear();
       for (size_t i : active) {
@@ -694,32 +772,26 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       if (draft_rows.empty()) break;
       DeviceRounds& d = *dev;
       const int64_t n = static_cast<int64_t>(draft_rows.size());
-      const Tensor all_ids = d.ids_slice(0, d.ids_size());
       // The rows of a step are those of the step before (or the active rows)
       // minus the ones whose drafts ended: when none ended, their tokens are a
       // contiguous run of `ids` already; else they are gathered.
       const int64_t before =
           s == 0 ? static_cast<int64_t>(active.size()) : step_rows[static_cast<size_t>(s - 1)];
+      step_gathered[static_cast<size_t>(s)] = n != before;
       DraftDeviceInputs in;
-      if (n == before) {
-        in.tokens = d.ids_slice(s == 0 ? 0 : d.draft_at(s - 1), n);
-      } else {
-        in.tokens = d.gathered_slice(d.verify_cap() + s * d.B, n);
-        be.gather_rows(all_ids, d.idx_slice(d.B + d.verify_cap() + s * d.B, n), in.tokens);
-      }
+      in.tokens = n == before ? d.ids_slice(s == 0 ? 0 : d.draft_at(s - 1), n)
+                              : d.gathered_slice(d.verify_cap() + s * d.B, n);
       if (s == 0) {
+        // Queued now, outside any recording: last_hidden points into the last
+        // forward's scratch, which staging the verify window may move.
         in.hidden = d.hidden.view(DType::kF32, {n, H});
         be.gather_rows(last_hidden, d.idx_slice(0, n), in.hidden);
       }
-      const Tensor step_logits = drafter->step_on_device(s, draft_rows, in);
-      if (d.sampling) {
-        // q of this step, kept for the acceptance; the draft is a sample of it.
-        if (d.penalties()) be.apply_penalties_rows(d.penalty_rows(step_logits, s * d.B));
-        const Tensor q = d.q_all().slice_rows(s * d.B, s * d.B + n);
-        be.process_logits_rows(step_logits, d.params_slice(s * d.B, n), q);
-        be.sample_rows(q, d.uniforms_slice(s * d.B, n), d.ids_slice(d.draft_at(s), n));
+      if (staged_rounds) {
+        drafter->stage_step(s, draft_rows, in);
       } else {
-        be.argmax_rows(step_logits, d.ids_slice(d.draft_at(s), n));
+        gather_step_tokens(s, n);
+        draft_tail(s, drafter->step_on_device(s, draft_rows, in), n);
       }
     }
     for (int s = 0; drafter && !dev; ++s) {
@@ -789,13 +861,68 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
     pos0.resize(active.size());
     for (size_t a = 0; a < active.size(); ++a) pos0[a] = rows[active[a]].kv.length();
     gemma4::ForwardOptions verify_options;
-    if (dev) {
-      const int64_t M = static_cast<int64_t>(verify_tokens.size());
-      verify_options.token_ids = dev->gathered_slice(0, M);
+    const int64_t M = static_cast<int64_t>(verify_tokens.size());
+    if (dev) verify_options.token_ids = dev->gathered_slice(0, M);
+    // The verify window's ids gathered from the round's drafts.
+    auto gather_verify_ids = [&] {
       be.gather_rows(dev->ids_slice(0, dev->ids_size()), dev->idx_slice(dev->B, M),
                      verify_options.token_ids);
+    };
+    // Device rounds: what the target's ids or the acceptance leave in `ids`.
+    auto verify_tail = [&](const gemma4::ForwardOutput& o) {
+      DeviceRounds& d = *dev;
+      if (d.sampling) {
+        for (size_t a = 0; a <= active.size(); ++a) {
+          SPECULA_CHECK(o.row_out_begin[a] == d.host_idx[static_cast<size_t>(d.row_begin_at()) + a],
+                        "verify rows of request {} are not where the round planned them", a);
+        }
+        device_accept(o.logits, verify_options.token_ids, static_cast<int64_t>(active.size()));
+      } else {
+        be.argmax_rows(o.logits, d.ids_slice(d.verify_at(), o.row_out_begin.back()));
+      }
+    };
+    const gemma4::ForwardOutput* verified = nullptr;
+    if (staged_rounds) {
+      // Every draft step is staged; stage the window, then queue the round's
+      // device work: recorded as one graph the second time its shape is seen
+      // and replayed after (penalty rounds, whose list sizes vary, run it
+      // directly).
+      const gemma4::ForwardOutput& staged = target.stage(fwd, verify_options);
+      auto device_half = [&] {
+        for (int s = 0; s < round_k; ++s) {
+          const int64_t n = step_rows[static_cast<size_t>(s)];
+          if (step_gathered[static_cast<size_t>(s)]) gather_step_tokens(s, n);
+          draft_tail(s, drafter->run_staged_step(s), n);
+        }
+        gather_verify_ids();
+        target.run_staged();
+        verify_tail(staged);
+        return Tensor();
+      };
+      if (be.supports_graphs() && target.graphs_enabled() && target.staged_recordable() &&
+          !dev->penalties()) {
+        std::vector<int64_t>& key = sess.round_key;
+        key.clear();
+        dev->append_key(key);
+        key.push_back(static_cast<int64_t>(active.size()));
+        key.push_back(round_k);
+        for (int s = 0; s < round_k; ++s) {
+          key.push_back(step_rows[static_cast<size_t>(s)]);
+          key.push_back(step_gathered[static_cast<size_t>(s)]);
+          drafter->append_step_key(s, key);
+        }
+        target.append_staged_key(key);
+        sess.round_graphs.run(be, key, device_half);
+      } else {
+        device_half();
+      }
+      verified = &target.finish_staged();
+    } else {
+      if (dev) gather_verify_ids();
+      verified = &target.forward(fwd, verify_options);
+      if (dev) verify_tail(*verified);
     }
-    const gemma4::ForwardOutput& out = target.forward(fwd, verify_options);
+    const gemma4::ForwardOutput& out = *verified;
     const int32_t* verify_ids = nullptr;
     const int32_t* sampled = nullptr;  // device sampling: {accepted, next} per active row
     if (dev) {
@@ -804,16 +931,9 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       DeviceRounds& d = *dev;
       const int64_t n_out = out.row_out_begin.back();
       if (d.sampling) {
-        for (size_t a = 0; a <= active.size(); ++a) {
-          SPECULA_CHECK(
-              out.row_out_begin[a] == d.host_idx[static_cast<size_t>(d.row_begin_at()) + a],
-              "verify rows of request {} are not where the round planned them", a);
-        }
-        device_accept(out.logits, verify_options.token_ids, static_cast<int64_t>(active.size()));
         be.download(d.ids_slice(d.B, d.ids_size() - d.B), d.host_ids.data());
         sampled = d.host_ids.data() + (d.accepted_at() - d.B);
       } else {
-        be.argmax_rows(out.logits, d.ids_slice(d.verify_at(), n_out));
         be.download(d.ids_slice(d.B, d.verify_at() - d.B + n_out), d.host_ids.data());
       }
       verify_ids = d.host_ids.data() + (d.verify_at() - d.B);

@@ -34,10 +34,23 @@
 // logits are penalised for that history plus the drafts before them (read
 // where they lie on the device), as the host sampler would penalise them.
 // Set SPECULA_HOST_SAMPLING=1 to sample every row on the host (for A/B runs).
+//
+// Each draft step and verify window of a device round is recorded (and then
+// replayed) as its own graph, queued while the GPU runs the steps before it.
+// With SPECULA_ROUND_GRAPHS=1 and a drafter that stages its steps
+// (Drafter::stages_steps, the assistant), a round instead stages every draft
+// step and the verify window first (host plans and uploads), then queues the
+// round's device work, recorded as ONE graph the second time its shape is
+// seen and replayed after (rounds with penalties, whose list sizes vary, run
+// it op by op). Same tokens either way; on one H200 whole-round graphs
+// measured 1-3% slower end to end (bench/RESULTS.md, session 14), so they are
+// not the default. A DecodeSession keeps the round buffers and graphs from
+// one call to the next.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -98,13 +111,36 @@ struct DecodeResult {
 // Called whenever a request's tokens are committed; return false to cancel it.
 using TokenCallback = std::function<bool(int request, std::span<const int32_t> new_tokens)>;
 
+// What decode() may keep from one call to the next on the same target and
+// drafter: the rounds' device buffers and the recorded rounds (CUDA graphs),
+// so that a caller decoding batch after batch (a benchmark, a server loop)
+// records each round shape once rather than once per call. Optional; a call
+// without one keeps nothing. Not thread-safe; one decode() at a time.
+class DecodeSession {
+ public:
+  DecodeSession();
+  ~DecodeSession();
+  DecodeSession(const DecodeSession&) = delete;
+  DecodeSession& operator=(const DecodeSession&) = delete;
+  // Rounds that ran as one replayed graph so far (for tests and benchmarks).
+  int64_t round_replays() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+  friend std::vector<DecodeResult> decode(gemma4::Gemma4Model&, Drafter*,
+                                          std::span<const DecodeRequest>, const DraftSchedule&,
+                                          const TokenCallback&, DecodeSession*);
+};
+
 // Decodes every request to completion, batching all unfinished rows in each
 // target forward. `drafter` may be null (plain decoding). Throws an Error for
 // invalid requests (empty prompt, prompt + max_tokens beyond the context,
-// invalid sampling params) before any work starts.
+// invalid sampling params) before any work starts. `session` (optional) keeps
+// device state for the next call (see DecodeSession).
 std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
                                  std::span<const DecodeRequest> requests,
-                                 const DraftSchedule& schedule,
-                                 const TokenCallback& on_tokens = {});
+                                 const DraftSchedule& schedule, const TokenCallback& on_tokens = {},
+                                 DecodeSession* session = nullptr);
 
 }  // namespace specula::spec

@@ -483,5 +483,46 @@ TEST(DeviceSampling, PenaltiesWithADrafterMatchTheHost) {
   EXPECT_LT(accepted, drafted);
 }
 
+// One DecodeSession across calls of different batch sizes, temperatures and
+// penalties (its device buffers are kept, reallocated or stripped of their
+// penalty lists between calls), with rounds staged whole
+// (SPECULA_ROUND_GRAPHS=1: every draft step and the verify window staged
+// before any runs): every call gives the tokens of a plain per-step call
+// without a session.
+TEST(DecodeSessionReuse, CallsOfDifferentShapesMatchFreshCalls) {
+  if (!testing::golden_exists("e2b_like") || !testing::golden_exists("e2b_like_assistant"))
+    GTEST_SKIP();
+  auto target = gemma4::Gemma4Model::load(golden_dir("e2b_like"));
+  auto drafter = assistant::AssistantDrafter::load(golden_dir("e2b_like_assistant"),
+                                                   target->config(), target->backend());
+  assistant::AssistantDraftSource source(*target, *drafter);
+  const int vocab = target->config().vocab_size;
+  spec::DecodeSession session;
+  struct Call {
+    std::vector<DecodeRequest> reqs;
+    DraftSchedule schedule;
+  };
+  const std::vector<Call> calls = {
+      {greedy_requests(3, vocab, 16), {.draft_tokens = 3}},
+      {greedy_requests(3, vocab, 16), {.draft_tokens = 3}},
+      {testing::penalised_requests(3, vocab, 16), {.draft_tokens = 2}},
+      {testing::sampled_requests(3, vocab, 16), {.draft_tokens = 2}},
+      {greedy_requests(1, vocab, 12), {.draft_tokens = 4}},
+      {greedy_requests(3, vocab, 16), {.draft_tokens = 3}},
+  };
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const Call& c = calls[i];
+    const auto fresh = spec::decode(*target, &source, c.reqs, c.schedule);
+    const testing::ScopedEnv staged("SPECULA_ROUND_GRAPHS", true);
+    const auto kept = spec::decode(*target, &source, c.reqs, c.schedule, {}, &session);
+    ASSERT_EQ(kept.size(), fresh.size());
+    for (size_t b = 0; b < kept.size(); ++b) {
+      EXPECT_EQ(kept[b].tokens, fresh[b].tokens) << "call " << i << " row " << b;
+    }
+  }
+  // The CPU backend records nothing.
+  EXPECT_EQ(session.round_replays(), 0);
+}
+
 }  // namespace
 }  // namespace specula
