@@ -266,20 +266,36 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
       r.params.max_tokens = a.gen_tokens;
       reqs.push_back(std::move(r));
     }
-    // Each mode runs twice and the second run counts: the first records the
-    // step graphs of its shapes (a cost of the first requests, not of decoding).
-    auto measure = [&](Drafter* drafter, int k) {
-      spec::DecodeStats total;
-      for (int run = 0; run < 2; ++run) {
-        total = {};
-        for (const auto& r :
-             spec::decode(*m.target, drafter, reqs, {.draft_tokens = std::max(k, 1)}))
-          total.merge(r.stats);
-      }
-      return total;
+    // Each mode runs twice in one DecodeSession and the second run counts: the
+    // first records the step and round graphs of its shapes (a cost of the
+    // first requests, not of decoding), which the second replays.
+    // Also counted in the second run: its rounds (of the whole batch), and how
+    // many of them replayed one recorded round, and target forwards replayed.
+    struct Measured {
+      spec::DecodeStats stats;
+      int64_t rounds = 0, round_replays = 0, target_replays = 0;
     };
-    const spec::DecodeStats plain = measure(nullptr, 0);
-    auto report = [&](const char* mode, int k, const spec::DecodeStats& s) {
+    auto measure = [&](Drafter* drafter, int k) {
+      Measured out;
+      spec::DecodeSession session;
+      for (int run = 0; run < 2; ++run) {
+        out = {};
+        const int64_t round_replays = session.round_replays();
+        const int64_t target_replays = m.target->graph_replays();
+        for (const auto& r : spec::decode(*m.target, drafter, reqs,
+                                          {.draft_tokens = std::max(k, 1)}, {}, &session)) {
+          out.stats.merge(r.stats);
+          out.rounds = std::max(out.rounds, r.stats.rounds);
+        }
+        out.round_replays = session.round_replays() - round_replays;
+        out.target_replays = m.target->graph_replays() - target_replays;
+      }
+      return out;
+    };
+    const Measured plain_run = measure(nullptr, 0);
+    const spec::DecodeStats& plain = plain_run.stats;
+    auto report = [&](const char* mode, int k, const Measured& measured) {
+      const spec::DecodeStats& s = measured.stats;
       const double decode_tps =
           s.decode_seconds > 0 ? (s.generated_tokens - batch) / s.decode_seconds : 0;
       const double plain_tps =
@@ -293,14 +309,17 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
                       {"decode_tokens_per_second", decode_tps},
                       {"tau", s.mean_accepted_length()},
                       {"acceptance_rate", s.acceptance_rate()},
-                      {"speedup", speedup}});
+                      {"speedup", speedup},
+                      {"rounds", measured.rounds},
+                      {"round_graph_replays", measured.round_replays},
+                      {"target_graph_replays", measured.target_replays}});
       if (!a.json) {
         fmt::print("{:<12} {:>5} {:>3} {:>12.1f} {:>12.1f} {:>8.2f} {:>7.1f}% {:>7.2f}x\n", mode,
                    batch, k, prefill_tps, decode_tps, s.mean_accepted_length(),
                    100 * s.acceptance_rate(), speedup);
       }
     };
-    report("plain", 0, plain);
+    report("plain", 0, plain_run);
     if (m.draft_source) {
       for (int k : a.draft_tokens) report("speculative", k, measure(m.draft_source.get(), k));
     }
