@@ -790,7 +790,7 @@ std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
       if (staged_rounds) {
         drafter->stage_step(s, draft_rows, in);
       } else {
-        gather_step_tokens(s, n);
+        if (n != before) gather_step_tokens(s, n);
         draft_tail(s, drafter->step_on_device(s, draft_rows, in), n);
       }
     }

@@ -43,8 +43,8 @@
 // round's device work, recorded as ONE graph the second time its shape is
 // seen and replayed after (rounds with penalties, whose list sizes vary, run
 // it op by op). Same tokens either way; on one H200 whole-round graphs
-// measured 1-2% slower end to end on E2B and the same on 31B
-// (bench/RESULTS.md, session 14), so they are not the default. A DecodeSession keeps the round buffers and graphs from
+// measured 0-2% slower end to end (bench/RESULTS.md, session 14), so they
+// are not the default. A DecodeSession keeps the round buffers and graphs from
 // one call to the next.
 #pragma once
 
