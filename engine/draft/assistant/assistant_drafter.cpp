@@ -2,12 +2,26 @@
 #include "engine/draft/assistant/assistant_drafter.h"
 
 #include <cstring>
+#include <span>
 
 namespace specula::assistant {
 namespace {
 
 size_t aligned(size_t bytes) {
   return (bytes + 255) / 256 * 256;
+}
+
+// Calls f(b, e, s) for each run of rows [b, e) whose chain rows slots[b..e)
+// are consecutive, starting at chain row s: one copy a run, not one a row.
+template <typename F>
+void for_each_chain_run(std::span<const int64_t> slots, F&& f) {
+  const auto B = static_cast<int64_t>(slots.size());
+  for (int64_t b = 0; b < B;) {
+    int64_t e = b + 1;
+    while (e < B && slots[static_cast<size_t>(e)] == slots[static_cast<size_t>(e - 1)] + 1) ++e;
+    f(b, e, slots[static_cast<size_t>(b)]);
+    b = e;
+  }
 }
 
 }  // namespace
@@ -92,7 +106,6 @@ void AssistantDraftSource::stage(int step_index, std::span<const DraftRow> rows,
     plans_.emplace_back(be, target_.config());
   StepPlan& plan = plans_[static_cast<size_t>(step_index)];
   plan.B = B;
-  plan.first = step_index == 0;
   plan.slot = slot;
   plan.device_tokens = device ? device->tokens : Tensor();
   plan.device_hidden = device && step_index == 0 ? device->hidden : Tensor();
@@ -179,7 +192,7 @@ void AssistantDraftSource::append_step_key(int step_index, std::vector<int64_t>&
                 step_index);
   const StepPlan& plan = plans_[static_cast<size_t>(step_index)];
   key.push_back(plan.B);
-  key.push_back(plan.first);
+  key.push_back(step_index == 0);
   key.push_back(plan.slot);
   key.push_back(reinterpret_cast<intptr_t>(inputs_.data()));
   key.push_back(input_rows_);
@@ -212,7 +225,7 @@ Tensor AssistantDraftSource::run_staged_step(int step_index) {
   if (!plan.device_tokens.empty()) be.copy(plan.device_tokens, in.ids_positions.row(0));
   const Tensor chain = chain_.view(DType::kF32, {static_cast<int64_t>(chain_requests_.size()), Hb});
   Tensor hidden;
-  if (plan.first) {
+  if (step_index == 0) {
     hidden = chain.slice_rows(0, B);
     // Copied into the chain rather than read in place: the recorded steps
     // then always see the same buffers (the caller's may move between calls).
@@ -221,16 +234,9 @@ Tensor AssistantDraftSource::run_staged_step(int step_index) {
     // Rows are the chain's first B rows: read them in place.
     hidden = chain.slice_rows(0, B);
   } else {
-    // Gather runs of consecutive chain rows.
-    for (int64_t b = 0; b < B;) {
-      int64_t e = b + 1;
-      while (e < B &&
-             plan.slots[static_cast<size_t>(e)] == plan.slots[static_cast<size_t>(e - 1)] + 1)
-        ++e;
-      const int64_t s = plan.slots[static_cast<size_t>(b)];
+    for_each_chain_run(plan.slots, [&](int64_t b, int64_t e, int64_t s) {
       be.copy(chain.slice_rows(s, s + (e - b)), in.gathered.slice_rows(b, e));
-      b = e;
-    }
+    });
     hidden = in.gathered;
   }
 
@@ -240,15 +246,9 @@ Tensor AssistantDraftSource::run_staged_step(int step_index) {
       plan.donors);
 
   // Chain each row's next hidden back into its chain row, run by run.
-  for (int64_t b = 0; b < B;) {
-    int64_t e = b + 1;
-    while (e < B &&
-           plan.slots[static_cast<size_t>(e)] == plan.slots[static_cast<size_t>(e - 1)] + 1)
-      ++e;
-    const int64_t s = plan.slots[static_cast<size_t>(b)];
+  for_each_chain_run(plan.slots, [&](int64_t b, int64_t e, int64_t s) {
     be.copy(out.next_hidden.slice_rows(b, e), chain.slice_rows(s, s + (e - b)));
-    b = e;
-  }
+  });
   return out.logits;
 }
 

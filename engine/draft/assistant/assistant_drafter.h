@@ -37,7 +37,6 @@ class AssistantDraftSource : public Drafter {
   struct StepPlan {
     StepPlan(Backend& be, const gemma4::Gemma4Config& target) : donors(be, target) {}
     int64_t B = 0;
-    bool first = false;
     int slot = 0;                // input slot of its ids and positions
     std::vector<int64_t> slots;  // chain row of each row
     std::vector<SequenceKv*> kvs;
