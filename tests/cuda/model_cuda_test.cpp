@@ -12,6 +12,7 @@
 #include "engine/spec/decoder.h"
 #include "tests/cuda/cuda_model_util.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/unit/spec/sampling_test_util.h"
 
 namespace specula {
 namespace {
@@ -107,18 +108,7 @@ struct Pair {
 };
 class CudaSpeculation : public ::testing::TestWithParam<Pair> {};
 
-std::vector<spec::DecodeRequest> greedy_requests(int n, int vocab, int max_tokens) {
-  std::vector<spec::DecodeRequest> reqs;
-  for (int i = 0; i < n; ++i) {
-    spec::DecodeRequest r;
-    const int len = 2 + (i * 7) % 19;
-    for (int j = 0; j < len; ++j) r.prompt.push_back(3 + (i * 31 + j * 17) % (vocab - 3));
-    r.params.temperature = 0;
-    r.params.max_tokens = max_tokens;
-    reqs.push_back(r);
-  }
-  return reqs;
-}
+using testing::greedy_requests;
 
 TEST_P(CudaSpeculation, GreedyOutputIdenticalWithAndWithoutDrafter) {
   SKIP_WITHOUT_CUDA();

@@ -27,18 +27,7 @@ struct Pair {
 };
 class CudaRoundGraphs : public ::testing::TestWithParam<Pair> {};
 
-std::vector<spec::DecodeRequest> greedy_requests(int n, int vocab, int max_tokens) {
-  std::vector<spec::DecodeRequest> reqs;
-  for (int i = 0; i < n; ++i) {
-    spec::DecodeRequest r;
-    const int len = 2 + (i * 11) % 17;
-    for (int j = 0; j < len; ++j) r.prompt.push_back(3 + (i * 29 + j * 13) % (vocab - 3));
-    r.params.temperature = 0;
-    r.params.max_tokens = max_tokens;
-    reqs.push_back(r);
-  }
-  return reqs;
-}
+using testing::greedy_requests;
 
 void expect_same_tokens(const std::vector<spec::DecodeResult>& got,
                         const std::vector<spec::DecodeResult>& want, const std::string& what) {

@@ -20,29 +20,7 @@ using spec::DecodeRequest;
 using spec::DraftSchedule;
 using testing::golden_dir;
 
-// Prompts of several lengths, some longer than the fixtures' sliding window (4).
-std::vector<std::vector<int32_t>> prompts(int n, int vocab) {
-  std::vector<std::vector<int32_t>> out;
-  for (int i = 0; i < n; ++i) {
-    std::vector<int32_t> p;
-    const int len = 2 + (i * 7) % 19;
-    for (int j = 0; j < len; ++j) p.push_back(3 + (i * 31 + j * 17) % (vocab - 3));
-    out.push_back(p);
-  }
-  return out;
-}
-
-std::vector<DecodeRequest> greedy_requests(int n, int vocab, int max_tokens) {
-  std::vector<DecodeRequest> reqs;
-  for (auto& p : prompts(n, vocab)) {
-    DecodeRequest r;
-    r.prompt = p;
-    r.params.temperature = 0;
-    r.params.max_tokens = max_tokens;
-    reqs.push_back(r);
-  }
-  return reqs;
-}
+using testing::greedy_requests;
 
 struct Pair {
   const char* target;

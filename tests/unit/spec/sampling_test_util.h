@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Helpers of the sampled-decoding tests on either backend
-// (tests/unit/spec/decoder_test.cpp, tests/cuda/sampling_decode_test.cpp):
-// an environment variable set for one scope, requests of mixed sampling
-// settings, and Pearson's chi-square against an exact distribution.
+// Helpers of the decoding tests on either backend (tests/unit/spec,
+// tests/cuda): an environment variable set for one scope, greedy requests and
+// requests of mixed sampling settings over the same prompts, and Pearson's
+// chi-square against an exact distribution.
 #pragma once
 
 #include <algorithm>
@@ -30,14 +30,35 @@ class ScopedEnv {
   const char* name_;
 };
 
+// Prompt i of n: 2 + (i·7) mod 19 tokens (some longer than the fixtures'
+// sliding window of 4), ids spread over [3, vocab).
+inline std::vector<int32_t> test_prompt(int i, int vocab) {
+  std::vector<int32_t> p;
+  const int len = 2 + (i * 7) % 19;
+  for (int j = 0; j < len; ++j) p.push_back(3 + (i * 31 + j * 17) % (vocab - 3));
+  return p;
+}
+
+// n greedy requests (test_prompt) of max_tokens each.
+inline std::vector<spec::DecodeRequest> greedy_requests(int n, int vocab, int max_tokens) {
+  std::vector<spec::DecodeRequest> reqs;
+  for (int i = 0; i < n; ++i) {
+    spec::DecodeRequest r;
+    r.prompt = test_prompt(i, vocab);
+    r.params.temperature = 0;
+    r.params.max_tokens = max_tokens;
+    reqs.push_back(r);
+  }
+  return reqs;
+}
+
 // n requests with prompts of several lengths and mixed settings (temperature,
 // top-k, top-p, min-p; every fifth greedy), each with its own seed.
 inline std::vector<spec::DecodeRequest> sampled_requests(int n, int vocab, int max_tokens) {
   std::vector<spec::DecodeRequest> reqs;
   for (int i = 0; i < n; ++i) {
     spec::DecodeRequest r;
-    const int len = 2 + (i * 7) % 19;
-    for (int j = 0; j < len; ++j) r.prompt.push_back(3 + (i * 31 + j * 17) % (vocab - 3));
+    r.prompt = test_prompt(i, vocab);
     SamplingParams& p = r.params;
     p.max_tokens = max_tokens;
     p.seed = 7 + 13 * static_cast<uint64_t>(i);
