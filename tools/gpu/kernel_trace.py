@@ -8,7 +8,11 @@ durations, and the "incremental" time, how far each kernel moved the end of
 the step past the kernels before it (programmatic dependent launches overlap
 kernels, so durations double count; the increments add up to the span).
 
-  python3 tools/gpu/kernel_trace.py trace.csv [--kernels N] [--top 20]
+  python3 tools/gpu/kernel_trace.py trace.csv [--kernels N] [--top 20] [--timeline A:B]
+
+--timeline A:B also lists kernels A..B-1 of that median forward in launch
+order: start and end relative to kernel A's start, duration, and the gap from
+the latest end before it (negative: overlapped).
 """
 import argparse
 import collections
@@ -56,6 +60,7 @@ def main():
     ap.add_argument("--kernels", type=int, help="only forwards of this many kernels")
     ap.add_argument("--groups", type=int, default=3, help="most common kernel counts to show")
     ap.add_argument("--top", type=int, default=20, help="kernels listed per forward")
+    ap.add_argument("--timeline", help="A:B, kernels A..B-1 of the median forward, in order")
     args = ap.parse_args()
     segs = forwards(load(args.trace))
     counts = collections.Counter(len(s) for s in segs)
@@ -73,6 +78,19 @@ def main():
         print(f"{'kernel':72s} {'calls':>5s} {'dur us':>9s} {'incr us':>9s} {'incr %':>7s}")
         for name, t in sorted(totals.items(), key=lambda kv: -kv[1][2])[: args.top]:
             print(f"{name[:72]:72s} {t[0]:5d} {t[1] / 1e3:9.1f} {t[2] / 1e3:9.1f} {100 * t[2] / whole:7.1f}")
+        if args.timeline:
+            timeline(median, *(int(v) for v in args.timeline.split(":")))
+
+
+def timeline(seg, first, last):
+    base = seg[first][0]
+    prev_end = max([e for _, e, _ in seg[:first]], default=base)
+    print(f"{'#':>5s} {'start us':>9s} {'end us':>9s} {'dur us':>8s} {'gap us':>8s}  kernel")
+    for i in range(first, min(last, len(seg))):
+        s, e, n = seg[i]
+        print(f"{i:5d} {(s - base) / 1e3:9.2f} {(e - base) / 1e3:9.2f} {(e - s) / 1e3:8.2f} "
+              f"{(s - prev_end) / 1e3:8.2f}  {n[:90]}")
+        prev_end = max(prev_end, e)
 
 
 if __name__ == "__main__":
