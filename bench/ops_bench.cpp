@@ -3,12 +3,16 @@
 // decoder layer's products, attention, norms), to see where a decode step's
 // time goes. Reports time per call and, for products, the weight bandwidth.
 //   bench_ops --device cuda --preset 31b --rows 1 5 8 64
+//   bench_ops --device cuda --rows 1 --shapes 5376x21504 6336x21504   (products of any NxK)
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <functional>
+#include <stdexcept>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -56,11 +60,14 @@ int main(int argc, char** argv) {
   std::string device = "cuda", preset = "31b";
   std::vector<int> rows = {1, 5, 8, 64};
   int context = 512, reps = 20;
+  std::vector<std::string> shapes;
   app.add_option("--device", device, "cpu or cuda")->capture_default_str();
   app.add_option("--preset", preset, "e2b, e4b, 31b or 26b-a4b")->capture_default_str();
   app.add_option("--rows", rows, "Token rows per call")->capture_default_str();
   app.add_option("--context", context, "Keys per decode query")->capture_default_str();
   app.add_option("--reps", reps, "Calls per timing")->capture_default_str();
+  app.add_option("--shapes", shapes,
+                 "Products of these NxK bf16 weights (say 5376x8192) instead of the preset's");
   CLI11_PARSE(app, argc, argv);
   try {
     Backend& be = backend_for(device == "cpu" ? Device::cpu() : Device::cuda(0));
@@ -69,6 +76,7 @@ int main(int argc, char** argv) {
     const int64_t KV = c.num_key_value_heads, I = c.intermediate_size;
     be.reserve_scratch(context + 64, std::max<int64_t>(I, Nh * c.global_head_dim));
     Buffers buf{be, {}};
+    std::deque<std::string> shape_names;  // stable storage for Product::name
     struct Product {
       const char* name;
       int64_t n, k;
@@ -78,11 +86,32 @@ int main(int argc, char** argv) {
     const nlohmann::json draft = gemma4::gemma4_assistant_preset_json(preset);
     const int64_t Ha = draft["text_config"]["hidden_size"].get<int64_t>();
     const int64_t Ia = draft["text_config"]["intermediate_size"].get<int64_t>();
-    const std::vector<Product> products = {
+    std::vector<Product> products = {
         {"q_proj", Nh * D, H}, {"k_proj", KV * D, H},    {"o_proj", H, Nh * D},
         {"gate_proj", I, H},   {"down_proj", H, I},      {"lm_head", c.vocab_size, H},
         {"d_pre", Ha, 2 * H},  {"d_q_proj", Nh * D, Ha}, {"d_o_proj", Ha, Nh * D},
         {"d_gate", Ia, Ha},    {"d_down", Ha, Ia},       {"d_head", c.vocab_size, Ha}};
+    if (!shapes.empty()) {
+      products.clear();
+      for (const std::string& text : shapes) {
+        const size_t x = text.find('x');
+        int64_t n = 0, k = 0;
+        try {
+          if (x == std::string::npos) throw std::invalid_argument(text);
+          n = std::stoll(text.substr(0, x));
+          k = std::stoll(text.substr(x + 1));
+        } catch (const std::exception&) {
+          fmt::print(stderr, "bench_ops: --shapes {}: expected NxK, say 5376x8192\n", text);
+          return 2;
+        }
+        if (n <= 0 || k <= 0) {
+          fmt::print(stderr, "bench_ops: --shapes {}: N and K must be positive\n", text);
+          return 2;
+        }
+        shape_names.push_back(text);
+        products.push_back({shape_names.back().c_str(), n, k});
+      }
+    }
     fmt::print("preset {} on {}: H {} heads {}/{} D {} I {} V {}\n", preset, be.name(), H, Nh, KV,
                D, I, c.vocab_size);
     fmt::print("{:<10} {:>5} {:>10} {:>10}\n", "op", "rows", "us/call", "GB/s(w)");
