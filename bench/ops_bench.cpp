@@ -8,10 +8,10 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
-#include <deque>
 #include <functional>
-#include <stdexcept>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -53,6 +53,21 @@ struct Buffers {
   }
 };
 
+// "NxK" (say 5376x8192) as {N, K}, both positive; nullopt for anything else.
+std::optional<std::pair<int64_t, int64_t>> parse_shape(const std::string& text) {
+  const size_t x = text.find('x');
+  if (x == std::string::npos) return std::nullopt;
+  int64_t n = 0, k = 0;
+  const char* end = text.data() + text.size();
+  const auto [n_end, n_ec] = std::from_chars(text.data(), text.data() + x, n);
+  const auto [k_end, k_ec] = std::from_chars(text.data() + x + 1, end, k);
+  if (n_ec != std::errc() || k_ec != std::errc() || n_end != text.data() + x || k_end != end ||
+      n <= 0 || k <= 0) {
+    return std::nullopt;
+  }
+  return std::pair{n, k};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -69,6 +84,16 @@ int main(int argc, char** argv) {
   app.add_option("--shapes", shapes,
                  "Products of these NxK bf16 weights (say 5376x8192) instead of the preset's");
   CLI11_PARSE(app, argc, argv);
+  std::vector<std::pair<int64_t, int64_t>> shape_dims;
+  for (const std::string& text : shapes) {
+    const auto dims = parse_shape(text);
+    if (!dims) {
+      fmt::print(stderr, "bench_ops: --shapes {}: expected NxK with N, K > 0, say 5376x8192\n",
+                 text);
+      return 2;
+    }
+    shape_dims.push_back(*dims);
+  }
   try {
     Backend& be = backend_for(device == "cpu" ? Device::cpu() : Device::cuda(0));
     const gemma4::Gemma4Config c = gemma4::gemma4_preset(preset);
@@ -76,9 +101,8 @@ int main(int argc, char** argv) {
     const int64_t KV = c.num_key_value_heads, I = c.intermediate_size;
     be.reserve_scratch(context + 64, std::max<int64_t>(I, Nh * c.global_head_dim));
     Buffers buf{be, {}};
-    std::deque<std::string> shape_names;  // stable storage for Product::name
     struct Product {
-      const char* name;
+      std::string name;
       int64_t n, k;
     };
     // The assistant drafter's products (released shape for this preset): its
@@ -93,23 +117,8 @@ int main(int argc, char** argv) {
         {"d_gate", Ia, Ha},    {"d_down", Ha, Ia},       {"d_head", c.vocab_size, Ha}};
     if (!shapes.empty()) {
       products.clear();
-      for (const std::string& text : shapes) {
-        const size_t x = text.find('x');
-        int64_t n = 0, k = 0;
-        try {
-          if (x == std::string::npos) throw std::invalid_argument(text);
-          n = std::stoll(text.substr(0, x));
-          k = std::stoll(text.substr(x + 1));
-        } catch (const std::exception&) {
-          fmt::print(stderr, "bench_ops: --shapes {}: expected NxK, say 5376x8192\n", text);
-          return 2;
-        }
-        if (n <= 0 || k <= 0) {
-          fmt::print(stderr, "bench_ops: --shapes {}: N and K must be positive\n", text);
-          return 2;
-        }
-        shape_names.push_back(text);
-        products.push_back({shape_names.back().c_str(), n, k});
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        products.push_back({shapes[i], shape_dims[i].first, shape_dims[i].second});
       }
     }
     fmt::print("preset {} on {}: H {} heads {}/{} D {} I {} V {}\n", preset, be.name(), H, Nh, KV,
