@@ -51,11 +51,12 @@ __device__ __forceinline__ void pdl_enter() {
 
 // One thread per vector T (float4, or float when rows are not 16-byte
 // multiples / aligned) of the n rows: row i goes to row positions[i] mod R.
-// A negative position cannot throw in a kernel: that row is not written.
+// A negative position cannot throw in a kernel: that row is not written. k, v
+// and positions are read with load_act (no __restrict__ on them, so the
+// compiler cannot turn the loads into read-only ones): see cuda_launch.cuh.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    store_kv_kernel(const T* __restrict__ k, const T* __restrict__ v,
-                    const int32_t* __restrict__ positions, T* __restrict__ cache_k,
+    store_kv_kernel(const T* k, const T* v, const int32_t* positions, T* __restrict__ cache_k,
                     T* __restrict__ cache_v, int64_t rows, int64_t row_vecs, int64_t cache_rows) {
   pdl_enter();
   const int64_t total = rows * row_vecs;
@@ -63,11 +64,11 @@ __global__ void __launch_bounds__(kThreads)
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / row_vecs;
     const int64_t c = i - r * row_vecs;
-    const int32_t pos = positions[r];
+    const int32_t pos = load_act(positions + r);
     if (pos < 0) continue;
     const int64_t dst = (static_cast<int64_t>(pos) % cache_rows) * row_vecs + c;
-    cache_k[dst] = k[i];
-    cache_v[dst] = v[i];
+    cache_k[dst] = load_act(k + i);
+    cache_v[dst] = load_act(v + i);
   }
 }
 

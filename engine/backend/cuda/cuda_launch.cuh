@@ -11,6 +11,17 @@
 // that the kernel after it can start its own weight prologue; a kernel launched
 // without the attribute waits for completion as usual. Off (kUsePdl = false):
 // plain stream order. The numerics are the same either way.
+//
+// Activations (anything a kernel writes) are read with load_act(), never
+// through the read-only path: __ldg, ld.global.nc, or a plain load from a
+// const __restrict__ pointer, which the compiler turns into one. ptxas treats
+// read-only loads as free to move, and moved the decode products' x loads above
+// griddepcontrol.wait (the fused q/k/v and gate/up products then read a stale
+// x when their predecessor wrote it late: tests/cuda/pdl_order_test.cpp); and
+// .nc promises nothing for data that another grid writes while this one runs,
+// which PDL makes true of the predecessor's output. tools/gpu/pdl_audit.sh
+// lists the read-only loads left in these kernels (weights, and the positions
+// the host uploads before a step).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -38,6 +49,14 @@ __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (kUsePdl) asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+// A load of an activation in a programmatic dependent: coherent, cached in L1
+// like a plain load, and ordered after pdl_wait(). T: any type __ldca takes
+// (float, float4, uint4, int32_t, ...).
+template <typename T>
+__device__ __forceinline__ T load_act(const T* p) {
+  return __ldca(p);
 }
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {

@@ -196,13 +196,13 @@ __device__ __forceinline__ void widen(const Chunk<T>& c, float (&f)[kChunk]) {
 template <bool kVec>
 __device__ __forceinline__ void load_x8(const float* p, float (&v)[kChunk]) {
   if constexpr (kVec) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(p));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+    const float4 a = load_act(reinterpret_cast<const float4*>(p));
+    const float4 b = load_act(reinterpret_cast<const float4*>(p) + 1);
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
     v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
   } else {
 #pragma unroll
-    for (int j = 0; j < kChunk; ++j) v[j] = __ldg(p + j);
+    for (int j = 0; j < kChunk; ++j) v[j] = load_act(p + j);
   }
 }
 
@@ -240,7 +240,7 @@ __device__ __forceinline__ void accumulate_partial(const T* const (&wrow)[kCols]
   for (int g = 0; g < G; ++g) {
     float xv[kChunk];
 #pragma unroll
-    for (int j = 0; j < kChunk; ++j) xv[j] = j < count ? __ldg(xrow[g] + k + j) : 0.0f;
+    for (int j = 0; j < kChunk; ++j) xv[j] = j < count ? load_act(xrow[g] + k + j) : 0.0f;
 #pragma unroll
     for (int c = 0; c < kCols; ++c) {
 #pragma unroll

@@ -58,10 +58,11 @@ __device__ __forceinline__ uint4 load_w8_checked(const bf16* row, int64_t k, int
   return make_uint4(words[0], words[1], words[2], words[3]);
 }
 
-// Eight activations at p (16-byte aligned).
+// Eight activations at p (16-byte aligned), after pdl_wait() (load_act: see
+// cuda_launch.cuh).
 __device__ __forceinline__ void load_x8(const float* p, float (&v)[8]) {
-  const float4 a = __ldg(reinterpret_cast<const float4*>(p));
-  const float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+  const float4 a = load_act(reinterpret_cast<const float4*>(p));
+  const float4 b = load_act(reinterpret_cast<const float4*>(p) + 1);
   v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
   v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
 }
@@ -96,9 +97,9 @@ __device__ __forceinline__ SplitX split_x(const float (&v)[8]) {
 // x_split layout: row m, chunk c (elements 8c .. 8c + 7; zero past K) is three
 // consecutive uint4 at x_split + (m · chunks + c) · 3: hi, mid, lo words.
 __device__ __forceinline__ SplitX load_split(const uint4* p) {
-  const uint4 hi = __ldg(p);
-  const uint4 mid = __ldg(p + 1);
-  const uint4 lo = __ldg(p + 2);
+  const uint4 hi = load_act(p);
+  const uint4 mid = load_act(p + 1);
+  const uint4 lo = load_act(p + 2);
   return SplitX{{hi.x, hi.y, hi.z, hi.w}, {mid.x, mid.y, mid.z, mid.w}, {lo.x, lo.y, lo.z, lo.w}};
 }
 
@@ -122,14 +123,14 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
   for (int j = 0; j < 8; ++j) v[j] = 0.0f;
   if (vec) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(row + k));
-    const float4 b = __ldg(reinterpret_cast<const float4*>(row + k) + 1);
+    const float4 a = load_act(reinterpret_cast<const float4*>(row + k));
+    const float4 b = load_act(reinterpret_cast<const float4*>(row + k) + 1);
     v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
     v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
   } else {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      if (k + j < k_dim) v[j] = __ldg(row + k + j);
+      if (k + j < k_dim) v[j] = load_act(row + k + j);
     }
   }
   const SplitX s = split_x(v);
@@ -403,7 +404,7 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
       if constexpr (kRow) {
         float xv[8];
 #pragma unroll
-        for (int e = 0; e < 8; ++e) xv[e] = k + e < k_dim ? x_row[k + e] : 0.0f;
+        for (int e = 0; e < 8; ++e) xv[e] = k + e < k_dim ? load_act(x_row + k + e) : 0.0f;
         split = split_x(xv);
       } else {
         split = load_split(xrow[j] + (s * kChunksPerStep + t) * 3);
