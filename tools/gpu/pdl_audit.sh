@@ -4,12 +4,20 @@
 # line, so that each can be checked to read a weight, never an activation
 # (cuda_launch.cuh says why: ptxas may hoist such loads above the wait).
 #   bash tools/gpu/pdl_audit.sh [file.cu ...]   (default: engine/backend/cuda/*.cu)
-# Needs nvcc (CUDA 12.8 or later); runs on the development machine, no GPU.
+# Needs nvcc that targets sm_90a (CUDA 12 or later); no GPU.
 # Output: "<kernel> <file>:<line> <loads before the wait> <after>" per line,
 # kernels' template arguments dropped and their instantiations merged.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+  exit 0
+fi
 cd "$(dirname "$0")/../.."
 NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+if [[ ! -x $NVCC ]]; then
+  echo "pdl_audit: no nvcc at $NVCC (put it on PATH or set NVCC)" >&2
+  exit 1
+fi
 files=("$@")
 [[ ${#files[@]} -eq 0 ]] && files=(engine/backend/cuda/*.cu)
 tmp=$(mktemp -d)
