@@ -112,10 +112,10 @@ TEST(CudaPdlOrder, ProductsReadTheirInputAfterThePredecessor) {
     int64_t m, n, k;
     DType w;
   };
-  const Case cases[] = {{1, 32, 32, DType::kBF16},      {1, 32, 4096, DType::kBF16},
-                        {1, 5376, 64, DType::kBF16},    {1, 5376, 4096, DType::kBF16},
-                        {1, 40000, 1024, DType::kBF16}, {5, 1024, 4096, DType::kBF16},
-                        {1, 1024, 4096, DType::kF32},   {3, 1024, 4096, DType::kF16}};
+  const Case cases[] = {
+      {1, 32, 32, DType::kBF16},     {1, 32, 4096, DType::kBF16},    {1, 5376, 64, DType::kBF16},
+      {1, 5376, 4096, DType::kBF16}, {1, 40000, 1024, DType::kBF16}, {5, 1024, 4096, DType::kBF16},
+      {5, 5376, 4096, DType::kBF16}, {1, 1024, 4096, DType::kF32},   {3, 1024, 4096, DType::kF16}};
   uint64_t seed = 900;
   for (const Case& c : cases) {
     Twin x = random_twin(DType::kF32, {c.m, c.k}, ++seed);
