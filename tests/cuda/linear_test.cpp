@@ -336,6 +336,43 @@ TEST(CudaLinearTensorCore, WideDecodeGridsKeepTheBits) {
   }
 }
 
+// A decode product of few tiles spreads each tile over a cluster of blocks
+// (cuda_linear_mma.cu: 8 blocks up to a tile per SM, 4 up to 1.5): the row
+// must keep the bits it has in a several-row call (one block per tile) and
+// stay close to the CPU. N = 100 ends in a partial tile, K = 4,104 in a
+// partial step; N = 2,560 (160 tiles) takes clusters of 4 on a 132-SM H200.
+TEST(CudaLinearTensorCore, ClusteredDecodeKeepsTheBits) {
+  SKIP_WITHOUT_CUDA();
+  const std::pair<int64_t, int64_t> shapes[] = {{1536, 6144}, {100, 4104}, {2560, 8192}};
+  uint64_t seed = 700;
+  for (const auto& [n, k] : shapes) {
+    const std::string where = "N=" + std::to_string(n) + " K=" + std::to_string(k);
+    Twin w(DType::kBF16, {n, k});
+    w.randomize(++seed, -0.5f, 0.5f);
+    Twin x(DType::kF32, {3, k});
+    x.randomize(++seed);
+    Twin rows = poisoned_output({3, n});
+    gpu_be().linear(x.dev, w.dev, rows.dev);
+    const HostTensor all = rows.pull();
+    for (int64_t r = 0; r < 3; ++r) {
+      Twin x1(DType::kF32, {1, k});
+      std::memcpy(x1.host.data<float>(), x.host.data<float>() + r * k,
+                  static_cast<size_t>(k) * sizeof(float));
+      x1.push();
+      Twin y1 = poisoned_output({1, n});
+      gpu_be().linear(x1.dev, w.dev, y1.dev);
+      const HostTensor got = y1.pull();
+      EXPECT_TRUE(same_bits(got.data<float>(), all.data<float>() + r * n, n))
+          << where << ": row " << r << " differs from the same row of a 3-row call";
+      if (r == 0) {
+        HostTensor want(DType::kF32, {1, n});
+        cpu_be().linear(x1.host, w.host, want);
+        expect_close(got, want, kInvariantTol, ("clustered decode vs cpu, " + where).c_str());
+      }
+    }
+  }
+}
+
 // Products of 2-8 rows with K >= 4,096 and at least a block per SM stream
 // their weights through the cp.async pipeline, smaller ones through a register
 // ring (cuda_linear_mma.cu): either way a row must keep the bits of the

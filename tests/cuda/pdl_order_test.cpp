@@ -104,8 +104,9 @@ Twin random_twin(DType dtype, Shape shape, uint64_t seed, float scale = 1.0f) {
   return t;
 }
 
-// The decode path (one row, x split inside the product), several rows (the
-// split kernel first) and the FMA kernels of f32 / f16 weights.
+// The decode path (one row, x split inside the product; tiles over clusters
+// of blocks when they are few), several rows (the split kernel first) and the
+// FMA kernels of f32 / f16 weights.
 TEST(CudaPdlOrder, ProductsReadTheirInputAfterThePredecessor) {
   SKIP_WITHOUT_CUDA();
   struct Case {
@@ -115,7 +116,8 @@ TEST(CudaPdlOrder, ProductsReadTheirInputAfterThePredecessor) {
   const Case cases[] = {
       {1, 32, 32, DType::kBF16},     {1, 32, 4096, DType::kBF16},    {1, 5376, 64, DType::kBF16},
       {1, 5376, 4096, DType::kBF16}, {1, 40000, 1024, DType::kBF16}, {5, 1024, 4096, DType::kBF16},
-      {5, 5376, 4096, DType::kBF16}, {1, 1024, 4096, DType::kF32},   {3, 1024, 4096, DType::kF16}};
+      {5, 5376, 4096, DType::kBF16}, {1, 1024, 4096, DType::kF32},   {3, 1024, 4096, DType::kF16},
+      {1, 1536, 6144, DType::kBF16}, {1, 2560, 4096, DType::kBF16}};  // the last two: clusters
   uint64_t seed = 900;
   for (const Case& c : cases) {
     Twin x = random_twin(DType::kF32, {c.m, c.k}, ++seed);

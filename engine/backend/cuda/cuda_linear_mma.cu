@@ -18,12 +18,15 @@
 // the fragment's columns {2t, 2t+1, 2t+8, 2t+9} of two mma (words 0,1 then
 // 2,3): A and B see the same permutation of k, which leaves each dot product
 // unchanged.
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <string_view>
 #include <type_traits>
 
 #include "engine/backend/cuda/cuda_backend.h"
@@ -225,18 +228,34 @@ constexpr int min_blocks() {
 // K, and every step of misaligned weights (!kVec), take checked element loads
 // with zero fill (x_split is already zero there). Either way each step runs
 // the same mma_step in increasing step order, so the loads never change the sums.
-template <int KS, int CT, int NT, bool kVec, int PS, bool kRow>
+//
+// K ranges: the tile's K steps are cut into KR contiguous ranges; warp w of
+// the block sums range range0 + w. A block owns all KR = KS ranges, except in
+// the cluster kernel, whose blocks share a tile. Either way range r covers the
+// same steps, so a row's bits do not depend on which kernel summed it.
+//
+// Index arithmetic is `int` on the decode path (K < 2^31 - 64, the callers'
+// bound: no step offset overflows) and
+// int64_t elsewhere, each the faster for its kernels: with 64-bit steps the
+// decode kernels spilled up to 112 bytes a thread, and 32-bit steps took the
+// several-row kernels from 120 to 96 registers and made them slower (H200, 31B
+// shapes: 5,376 x 21,504 at 5 rows 66.4 -> 82.3 us; one row 65.3 -> 64.4).
+// The type changes no sum.
+template <int KS, int CT, int NT, bool kVec, int PS, bool kRow, int KR = KS>
 __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
                                               const uint4* const (&xrow)[NT], const float* x_row,
-                                              int64_t k_dim, float (&acc)[CT][NT][4]) {
+                                              int64_t k_dim, float (&acc)[CT][NT][4],
+                                              int range0 = 0) {
+  using Idx = std::conditional_t<kRow, int, int64_t>;
   constexpr int kThreads = KS * 32;
   constexpr int kChunksPerStep = kStepK / 8;
   const int warp = static_cast<int>(threadIdx.x >> 5);
   const int t = static_cast<int>(threadIdx.x & 3u);
-  const int64_t steps = (k_dim + kStepK - 1) / kStepK;
-  const int64_t s_begin = warp * steps / KS;
-  const int64_t s_end = (warp + 1) * steps / KS;
-  const int64_t s_full = kVec ? std::min(s_end, k_dim / kStepK) : s_begin;
+  const Idx range = range0 + warp;
+  const Idx steps = static_cast<Idx>((k_dim + kStepK - 1) / kStepK);
+  const Idx s_begin = range * steps / KR;
+  const Idx s_end = (range + 1) * steps / KR;
+  const Idx s_full = kVec ? std::min(s_end, static_cast<Idx>(k_dim / kStepK)) : s_begin;
 #pragma unroll
   for (int c = 0; c < CT; ++c) {
 #pragma unroll
@@ -246,7 +265,7 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
     }
   }
   // Lane pointers at step s_begin.
-  const int64_t k0 = s_begin * kStepK + 8 * t;
+  const Idx k0 = s_begin * kStepK + 8 * t;
   const bf16* wp[CT][2];
 #pragma unroll
   for (int c = 0; c < CT; ++c) {
@@ -257,7 +276,7 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
 #pragma unroll
   for (int j = 0; j < NT; ++j) xp[j] = xrow[j] + (s_begin * kChunksPerStep + t) * 3;
   // The step `offset` steps past the pointers' current one.
-  const auto compute = [&](const uint4(&w)[CT][2], int64_t offset) {
+  const auto compute = [&](const uint4(&w)[CT][2], Idx offset) {
 #pragma unroll
     for (int j = 0; j < NT; ++j) {
       const SplitX split = load_split(xp[j] + offset * kChunksPerStep * 3);
@@ -265,14 +284,14 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
       for (int c = 0; c < CT; ++c) mma_step(acc[c][j], w[c][0], w[c][1], split);
     }
   };
-  const int64_t full = s_full - s_begin;  // full steps of this warp (>= 0)
+  const Idx full = s_full - s_begin;  // full steps of this warp (>= 0)
 
   if constexpr (PS > 0) {
     // Step i waits in stage i % PS: slot (stage, c, h) of this thread is
     // pipe[((stage · CT + c) · 2 + h) · kThreads].
     extern __shared__ uint4 pipe_smem[];
     uint4* pipe = pipe_smem + threadIdx.x;
-    const auto issue = [&](int64_t i, int stage) {
+    const auto issue = [&](Idx i, int stage) {
 #pragma unroll
       for (int c = 0; c < CT; ++c) {
 #pragma unroll
@@ -292,7 +311,7 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
     if constexpr (!kRow) {
       // Several rows: their splits come from x_split, step by step.
       int stage = 0;  // i % PS
-      for (int64_t i = 0; i < full; ++i) {
+      for (Idx i = 0; i < full; ++i) {
         cp_async_wait<PS - 1>();  // group i (step i) has landed
         uint4 w[CT][2];
 #pragma unroll
@@ -321,7 +340,7 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
       float xv[8];
       if (g < kSplitGroup && g < full) load_x8(x_row + (s_begin + g) * kStepK + 8 * t, xv);
       int stage = 0;  // i % PS
-      for (int64_t i = 0; i < full; ++i) {
+      for (Idx i = 0; i < full; ++i) {
         if (i % kSplitGroup == 0) {
           __syncwarp();  // the previous group's stage has been read
           if (g < kSplitGroup && i + g < full) {
@@ -356,7 +375,7 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
   } else {
     constexpr int U = ring_steps<CT, NT>();
     uint4 ring[U][CT][2];
-    const auto fill = [&](uint4(&slot)[CT][2], int64_t ahead) {
+    const auto fill = [&](uint4(&slot)[CT][2], Idx ahead) {
 #pragma unroll
       for (int c = 0; c < CT; ++c) {
         slot[c][0] = load_stream16(wp[c][0] + ahead * kStepK);
@@ -368,7 +387,7 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
       if (u < full) fill(ring[u], u);  // weights only: may overlap the previous kernel
     }
     pdl_wait();
-    int64_t done = 0;
+    Idx done = 0;
     for (; done + U <= full; done += U) {
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -390,8 +409,8 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
     }
   }
   // Checked steps: the partial last step of K, or every step when misaligned.
-  for (int64_t s = s_full; s < s_end; ++s) {
-    const int64_t k = s * kStepK + 8 * t;
+  for (Idx s = s_full; s < s_end; ++s) {
+    const Idx k = s * kStepK + 8 * t;
     uint4 w[CT][2];
 #pragma unroll
     for (int c = 0; c < CT; ++c) {
@@ -520,6 +539,56 @@ __global__ void __launch_bounds__(KS * 32, min_blocks<KS, CT, NT, PS>())
                                             acc);
   publish(sh, acc);
   store_tile(sh, y, m0, m_rows, n0, n_cols);
+}
+
+// The decode product (one row) of a grid too small to fill the GPU, its tile
+// split over a cluster of C blocks of 8 / C warps: block rank r's warp w sums
+// K range r · (8 / C) + w of mma_k_split(N) = 8, exactly as warp
+// r · (8 / C) + w of mma_linear_kernel<8, 1, 1, true, PS, true> does, and the
+// eight warp sums are added in range order through distributed shared memory,
+// so a row gets the bits of every other path. Grid: C blocks per 16-column
+// tile, tile-major. Why: a product of fewer tiles than SMs (E2B's down_proj,
+// 96 tiles of 6,144-element rows) streamed from that many SMs only; with the
+// tile spread over a cluster it keeps every SM busy (H200: 1,536 x 6,144 13.9
+// -> 8.6 us with C = 8; 2,560 x 8,192, 160 tiles, 22.1 -> 14.2 us with C = 4).
+// xf: x f32 [1, K]; x_split: unused (the decode path splits x itself).
+template <int C, int PS>
+__global__ void __cluster_dims__(C, 1, 1) __launch_bounds__(8 / C * 32, 3 * C)
+    mma_linear_cluster_kernel(const float* __restrict__ xf, const uint4* __restrict__ x_split,
+                              const bf16* __restrict__ w, float* __restrict__ y, int64_t n_cols,
+                              int64_t k_dim) {
+  constexpr int KB = 8 / C;  // warps of a block
+  static_assert(KB * C == 8, "a cluster holds the 8 K ranges of a tile");
+  namespace cg = cooperative_groups;
+  pdl_launch_dependents();
+  __shared__ Combine<KB, 1, 1> sh;
+  const int rank = static_cast<int>(blockIdx.x % C);
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x / C) * kTileCols;
+  const bf16* wrow[1][2];
+  lane_w_rows(w, n0, n_cols, k_dim, wrow[0]);
+  const uint4* xrow[1];
+  lane_x_rows<1>(x_split, 0, 1, k_dim, xrow);
+  float acc[1][1][4];
+  warp_partials<KB, 1, 1, true, PS, true, 8>(wrow, xrow, xf, k_dim, acc, rank * KB);
+  publish(sh, acc);
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every rank's warp sums are in its shared memory
+  // Row 0 of the tile is entry 2 · (c / 8) of lane 4 · (c % 8) for column c
+  // (entry_col, entry_row); each rank adds kPerRank of the 16 columns.
+  constexpr int kPerRank = kTileCols / C;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid < kPerRank) {
+    const int c = rank * kPerRank + tid;
+    const int e = 2 * (c / 8);
+    const int lane = 4 * (c % 8);
+    float v = cluster.map_shared_rank(&sh, 0)->red[0][e][lane];
+#pragma unroll
+    for (int range = 1; range < 8; ++range) {
+      v += cluster.map_shared_rank(&sh, range / KB)->red[range % KB][e][lane];
+    }
+    if (n0 + c < n_cols) y[n0 + c] = v;
+  }
+  cluster.sync();  // the other ranks' shared memory stays until everyone has read it
 }
 
 // Several y_o = x · w_oᵀ in one grid: the concatenation of each output's
@@ -683,6 +752,28 @@ void with_row(bool decode, F&& f) {
   return f(std::false_type{});
 }
 
+// Shortest rows (K) of a decode product that takes the cluster kernel: below
+// it a warp has too few steps to amortise the cluster's exchange (1,536 x
+// 2,048 on an H200: 4.3 us alone, 4.9 us with clusters of 4 or 8).
+constexpr int64_t kClusterMinK = 4096;
+
+// Blocks per cluster for a decode product of `tiles` 16-column tiles over K
+// (mma_linear_cluster_kernel), or 0 for one block per tile. Up to one tile per
+// SM: 8; up to 1.5 tiles per SM: 4 (more blocks of fewer warps; eight
+// one-warp blocks per tile lost there). More tiles fill the GPU without: the
+// 31B's 336-tile products got 5-20% slower with either size.
+// SPECULA_DECODE_CLUSTERS=0 turns them off (same results; for A/B runs).
+int decode_cluster(int64_t tiles, int64_t k_dim) {
+  static const bool off = [] {
+    const char* e = std::getenv("SPECULA_DECODE_CLUSTERS");
+    return e != nullptr && std::string_view(e) == "0";
+  }();
+  if (off || k_dim < kClusterMinK) return 0;
+  if (tiles <= sm_count()) return 8;
+  if (2 * tiles <= int64_t{3} * sm_count()) return 4;
+  return 0;
+}
+
 int64_t checked_blocks(int64_t col_blocks, int64_t row_groups, const char* op) {
   const int64_t blocks = col_blocks * row_groups;
   if (blocks > INT_MAX) {
@@ -718,6 +809,24 @@ void mma_linear(const float* x, void* x_split, bool split_ready, const void* w, 
   if (!decode && !split_ready) launch_split(x, x_split, m, k, stream);
   const auto* xs = static_cast<const uint4*>(x_split);
   const auto* wb = static_cast<const bf16*>(w);
+  const int64_t tiles = (n + kTileCols - 1) / kTileCols;
+  if (decode && mma_k_split(n) == 8) {
+    const auto clustered = [&](auto c) {
+      constexpr int C = decltype(c)::value;
+      constexpr int PS = kDecodePipeSteps<1>;
+      launch_pdl(mma_linear_cluster_kernel<C, PS>, tiles * C, 8 / C * 32,
+                 dynamic_smem<8 / C, 1, PS>(), stream, "mma_linear_cluster_kernel", x, xs, wb, y, n,
+                 k);
+    };
+    switch (decode_cluster(tiles, k)) {
+      case 8:
+        return clustered(std::integral_constant<int, 8>{});
+      case 4:
+        return clustered(std::integral_constant<int, 4>{});
+      default:
+        break;
+    }
+  }
   const auto launch = [&](auto ct) {
     constexpr int CT = decltype(ct)::value;
     with_shape(m, n, [&](auto nt, auto ks) {

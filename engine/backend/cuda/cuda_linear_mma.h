@@ -12,11 +12,12 @@
 //   exact and nothing of x is rounded away (an infinite or NaN x is carried by
 //   hi alone).
 // - K is cut into steps of 32, and the steps into mma_k_split(N) contiguous
-//   ranges, one per warp of a block: a function of N and K only, so fixed per
-//   weight matrix. A warp adds its steps in increasing order into f32
-//   accumulators with mma.m16n8k16 (16 weight rows as A, up to 8 activation
-//   rows as B), two mma per step and term in a fixed order; the warps' partial
-//   sums are then added in warp order.
+//   ranges, one per warp of a block (of a cluster of blocks, for decode
+//   products of few tiles): a function of N and K only, so fixed per weight
+//   matrix. A warp adds its steps in increasing order into f32 accumulators
+//   with mma.m16n8k16 (16 weight rows as A, up to 8 activation rows as B), two
+//   mma per step and term in a fixed order; the ranges' partial sums are then
+//   added in range order.
 // - A row's result thus depends on N, K, its own x row and the weights only,
 //   never on M, on which slot of which tile the row occupies, or on the
 //   alignment of the operands (misaligned rows and K tails take element loads
