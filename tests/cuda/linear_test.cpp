@@ -48,6 +48,18 @@ Twin poisoned_output(Shape shape) {
   return y;
 }
 
+// y f32 [1, N] of row r of x [M, K] multiplied alone (a one-row, decode-path call).
+HostTensor one_row_linear(const Twin& x, int64_t r, const Twin& w) {
+  const int64_t k = x.host.shape().dim(1);
+  Twin x1(DType::kF32, {1, k});
+  std::memcpy(x1.host.data<float>(), x.host.data<float>() + r * k,
+              static_cast<size_t>(k) * sizeof(float));
+  x1.push();
+  Twin y1 = poisoned_output({1, w.host.shape().dim(0)});
+  gpu_be().linear(x1.dev, w.dev, y1.dev);
+  return y1.pull();
+}
+
 bool same_bits(const float* a, const float* b, int64_t n) {
   return std::memcmp(a, b, static_cast<size_t>(n) * sizeof(float)) == 0;
 }
@@ -355,18 +367,14 @@ TEST(CudaLinearTensorCore, ClusteredDecodeKeepsTheBits) {
     gpu_be().linear(x.dev, w.dev, rows.dev);
     const HostTensor all = rows.pull();
     for (int64_t r = 0; r < 3; ++r) {
-      Twin x1(DType::kF32, {1, k});
-      std::memcpy(x1.host.data<float>(), x.host.data<float>() + r * k,
-                  static_cast<size_t>(k) * sizeof(float));
-      x1.push();
-      Twin y1 = poisoned_output({1, n});
-      gpu_be().linear(x1.dev, w.dev, y1.dev);
-      const HostTensor got = y1.pull();
+      const HostTensor got = one_row_linear(x, r, w);
       EXPECT_TRUE(same_bits(got.data<float>(), all.data<float>() + r * n, n))
           << where << ": row " << r << " differs from the same row of a 3-row call";
       if (r == 0) {
+        HostTensor x0(DType::kF32, {1, k});
+        std::memcpy(x0.data<float>(), x.host.data<float>(), static_cast<size_t>(k) * sizeof(float));
         HostTensor want(DType::kF32, {1, n});
-        cpu_be().linear(x1.host, w.host, want);
+        cpu_be().linear(x0, w.host, want);
         expect_close(got, want, kInvariantTol, ("clustered decode vs cpu, " + where).c_str());
       }
     }
@@ -397,13 +405,7 @@ TEST(CudaLinearTensorCore, SeveralRowPipelineKeepsTheBits) {
       cpu_be().linear(x.host, w.host, want);
       expect_close(got, want, kInvariantTol, ("several-row pipeline vs cpu, " + where).c_str());
       for (int64_t r = 0; r < m; ++r) {
-        Twin x1(DType::kF32, {1, k});
-        std::memcpy(x1.host.data<float>(), x.host.data<float>() + r * k,
-                    static_cast<size_t>(k) * sizeof(float));
-        x1.push();
-        Twin y1 = poisoned_output({1, n});
-        gpu_be().linear(x1.dev, w.dev, y1.dev);
-        EXPECT_TRUE(same_bits(y1.pull().data<float>(), got.data<float>() + r * n, n))
+        EXPECT_TRUE(same_bits(one_row_linear(x, r, w).data<float>(), got.data<float>() + r * n, n))
             << where << ": row " << r << " differs from the one-row call";
       }
     }

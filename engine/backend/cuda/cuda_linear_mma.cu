@@ -235,12 +235,11 @@ constexpr int min_blocks() {
 // same steps, so a row's bits do not depend on which kernel summed it.
 //
 // Index arithmetic is `int` on the decode path (K < 2^31 - 64, the callers'
-// bound: no step offset overflows) and
-// int64_t elsewhere, each the faster for its kernels: with 64-bit steps the
-// decode kernels spilled up to 112 bytes a thread, and 32-bit steps took the
-// several-row kernels from 120 to 96 registers and made them slower (H200, 31B
-// shapes: 5,376 x 21,504 at 5 rows 66.4 -> 82.3 us; one row 65.3 -> 64.4).
-// The type changes no sum.
+// bound, so no step offset overflows) and int64_t elsewhere, each the faster
+// for its kernels: with 64-bit steps the decode kernels spilled up to 112
+// bytes a thread, and 32-bit steps took the several-row kernels from 120 to 96
+// registers and made them slower (H200, 31B shapes: 5,376 x 21,504 at 5 rows
+// 66.4 -> 82.3 us; one row 65.3 -> 64.4). The type changes no sum.
 template <int KS, int CT, int NT, bool kVec, int PS, bool kRow, int KR = KS>
 __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
                                               const uint4* const (&xrow)[NT], const float* x_row,
@@ -809,8 +808,8 @@ void mma_linear(const float* x, void* x_split, bool split_ready, const void* w, 
   if (!decode && !split_ready) launch_split(x, x_split, m, k, stream);
   const auto* xs = static_cast<const uint4*>(x_split);
   const auto* wb = static_cast<const bf16*>(w);
-  const int64_t tiles = (n + kTileCols - 1) / kTileCols;
   if (decode && mma_k_split(n) == 8) {
+    const int64_t tiles = (n + kTileCols - 1) / kTileCols;
     const auto clustered = [&](auto c) {
       constexpr int C = decltype(c)::value;
       constexpr int PS = kDecodePipeSteps<1>;
