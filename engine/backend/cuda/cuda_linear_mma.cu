@@ -61,15 +61,6 @@ __device__ __forceinline__ uint4 load_w8_checked(const bf16* row, int64_t k, int
   return make_uint4(words[0], words[1], words[2], words[3]);
 }
 
-// Eight activations at p (16-byte aligned), after pdl_wait() (load_act: see
-// cuda_launch.cuh).
-__device__ __forceinline__ void load_x8(const float* p, float (&v)[8]) {
-  const float4 a = load_act(reinterpret_cast<const float4*>(p));
-  const float4 b = load_act(reinterpret_cast<const float4*>(p) + 1);
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
-  v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-
 // ---- the exact three-term split ----
 
 __device__ __forceinline__ uint32_t as_bits(__nv_bfloat162 v) {
@@ -327,46 +318,66 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
       cp_async_wait<0>();
     } else {
       // x is one row (decode) and split here, without the split kernel: every 4
-      // steps, lane (g < 4, t) splits chunk t of step i + g into the warp's
-      // stage, from which all lanes then read (one row: every n8 slot gets row 0).
-      // Each group's x is loaded one group ahead (xv), so that its L2 round
-      // trip overlaps the steps before it instead of stalling the warp at every
-      // group. Measured on an H200 with kRow (below): 31B decode step 18.1-18.6
-      // -> 17.6-17.75 ms, batch 8 27.0 -> 25.3-26.3 ms; E2B 3.43 -> 3.50 ms.
+      // steps all 32 lanes split the group's x into the warp's stage, lane
+      // (g, t) the 4 elements of half g % 2 of chunk t of step i + g / 2, and
+      // every lane then reads its chunk's split from there (one row: every n8
+      // slot gets row 0). Each group's x is loaded one group ahead (xq), so
+      // that its L2 round trip overlaps the steps before it instead of
+      // stalling the warp at every group (31B decode step on an H200:
+      // 18.1-18.6 -> 17.6-17.75 ms).
+      //
+      // Each step first reads its stage into registers and refills it, and
+      // only then splits and multiplies: a weight copy is in flight again as
+      // soon as its stage has landed, not after the step's dependent mma
+      // chain and, every 4 steps, the split.
       uint4* stage_x = pipe_smem + pipe_bytes<KS, CT, PS>() / sizeof(uint4) +
                        static_cast<int>(threadIdx.x >> 5) * kSplitGroup * 4 * 3;
       const int g = static_cast<int>((threadIdx.x & 31u) >> 2);
-      float xv[8];
-      if (g < kSplitGroup && g < full) load_x8(x_row + (s_begin + g) * kStepK + 8 * t, xv);
+      const int g_step = g >> 1;  // the step of the group this lane splits
+      const int g_half = g & 1;   // and which half of its chunk t
+      const float* x_lane = x_row + s_begin * kStepK + 8 * t + 4 * g_half;
+      float4 xq = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (g_step < full) xq = load_act(reinterpret_cast<const float4*>(x_lane + g_step * kStepK));
       int stage = 0;  // i % PS
       for (Idx i = 0; i < full; ++i) {
+        cp_async_wait<PS - 1>();  // group i (step i) has landed
+        uint4 w[CT][2];
+#pragma unroll
+        for (int c = 0; c < CT; ++c) {
+          w[c][0] = pipe[((stage * CT + c) * 2 + 0) * kThreads];
+          w[c][1] = pipe[((stage * CT + c) * 2 + 1) * kThreads];
+        }
+        // The stage is free once read: refill it with step i + PS.
+        if (i + PS < full) issue(i + PS, stage);
+        cp_async_commit();
         if (i % kSplitGroup == 0) {
           __syncwarp();  // the previous group's stage has been read
-          if (g < kSplitGroup && i + g < full) {
-            const SplitX sx = split_x(xv);
-            if (i + kSplitGroup + g < full) {
-              load_x8(x_row + (s_begin + i + kSplitGroup + g) * kStepK + 8 * t, xv);
+          if (i + g_step < full) {
+            const SplitTerms e0 = split_one(xq.x);
+            const SplitTerms e1 = split_one(xq.y);
+            const SplitTerms e2 = split_one(xq.z);
+            const SplitTerms e3 = split_one(xq.w);
+            if (i + kSplitGroup + g_step < full) {
+              xq = load_act(
+                  reinterpret_cast<const float4*>(x_lane + (i + kSplitGroup + g_step) * kStepK));
             }
-            uint4* dst = stage_x + (g * 4 + t) * 3;
-            dst[0] = make_uint4(sx.hi[0], sx.hi[1], sx.hi[2], sx.hi[3]);
-            dst[1] = make_uint4(sx.mid[0], sx.mid[1], sx.mid[2], sx.mid[3]);
-            dst[2] = make_uint4(sx.lo[0], sx.lo[1], sx.lo[2], sx.lo[3]);
+            // Words hi, mid, lo of the chunk, each 16 bytes: this lane's half of each.
+            uint2* dst = reinterpret_cast<uint2*>(stage_x + (g_step * 4 + t) * 3) + g_half;
+            dst[0] = make_uint2(as_bits(__halves2bfloat162(e0.hi, e1.hi)),
+                                as_bits(__halves2bfloat162(e2.hi, e3.hi)));
+            dst[2] = make_uint2(as_bits(__halves2bfloat162(e0.mid, e1.mid)),
+                                as_bits(__halves2bfloat162(e2.mid, e3.mid)));
+            dst[4] = make_uint2(as_bits(__halves2bfloat162(e0.lo, e1.lo)),
+                                as_bits(__halves2bfloat162(e2.lo, e3.lo)));
           }
           __syncwarp();
         }
-        cp_async_wait<PS - 1>();  // group i (step i) has landed
         const uint4* xs = stage_x + (static_cast<int>(i % kSplitGroup) * 4 + t) * 3;
         const SplitX split{{xs[0].x, xs[0].y, xs[0].z, xs[0].w},
                            {xs[1].x, xs[1].y, xs[1].z, xs[1].w},
                            {xs[2].x, xs[2].y, xs[2].z, xs[2].w}};
 #pragma unroll
-        for (int c = 0; c < CT; ++c) {
-          mma_step(acc[c][0], pipe[((stage * CT + c) * 2 + 0) * kThreads],
-                   pipe[((stage * CT + c) * 2 + 1) * kThreads], split);
-        }
-        // The stage is free once read: refill it with step i + PS.
-        if (i + PS < full) issue(i + PS, stage);
-        cp_async_commit();
+        for (int c = 0; c < CT; ++c) mma_step(acc[c][0], w[c][0], w[c][1], split);
         stage = stage + 1 == PS ? 0 : stage + 1;
       }
       cp_async_wait<0>();
