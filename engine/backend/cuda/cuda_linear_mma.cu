@@ -329,7 +329,16 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
       // Each step first reads its stage into registers and refills it, and
       // only then splits and multiplies: a weight copy is in flight again as
       // soon as its stage has landed, not after the step's dependent mma
-      // chain and, every 4 steps, the split.
+      // chain and, every 4 steps, the split. At two to three blocks an SM
+      // these kernels are bound by their own instructions as much as by the
+      // weights: with 16 lanes splitting 8 elements and the refill after the
+      // mma, 31B's down_proj issued a third more instructions and a decode
+      // step took 17.32 ms instead of 16.69 (H200).
+      //
+      // Not here but worth knowing: the several-row loop above relies on the
+      // compiler unrolling it by two, which keeps the next step's x_split
+      // load in flight during the current step; kept rolled, or with
+      // volatile shared loads, verify windows got 18% slower.
       uint4* stage_x = pipe_smem + pipe_bytes<KS, CT, PS>() / sizeof(uint4) +
                        static_cast<int>(threadIdx.x >> 5) * kSplitGroup * 4 * 3;
       const int g = static_cast<int>((threadIdx.x & 31u) >> 2);
