@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/backend/cuda/cuda_backend.h"
 #include "engine/ops/backend.h"
 #include "tests/cuda/cuda_test_util.h"
 
@@ -31,8 +32,9 @@ enum class Kv { kQOnly, kSeparateV, kVFromK };
 struct FusedCase {
   int64_t s = 1;  // queries (new tokens)
   int64_t heads = 8, kv_heads = 2, d = 256;
-  int64_t last = 0;  // position of the last query
-  bool ring = true;  // sliding ring (window 40, 64 rows) or a full cache
+  int64_t last = 0;          // position of the last query
+  bool ring = true;          // sliding ring (window 40, 64 rows) or a full cache
+  int64_t full_rows = 1024;  // rows of a full cache (more than last)
   Kv kv = Kv::kSeparateV;
   DType norm_dtype = DType::kBF16;
 
@@ -48,7 +50,6 @@ struct FusedCase {
 
 constexpr int kWindow = 40;
 constexpr int64_t kRingRows = 64;  // window + 24 rows of slack (>= S - 1)
-constexpr int64_t kFullRows = 1024;
 
 // The tensors of a case: inputs (never written by the op under test) and
 // copies of what it writes, one set per run.
@@ -92,7 +93,7 @@ Inputs make_inputs(const FusedCase& c, uint64_t seed) {
     in.v->randomize(seed++, -2.0f, 2.0f);
   }
   // Old rows (and, q only, the donor's new rows): normalised-looking values.
-  const int64_t rows = c.ring ? kRingRows : kFullRows;
+  const int64_t rows = c.ring ? kRingRows : c.full_rows;
   in.cache_k = std::make_unique<Twin>(DType::kF32, Shape{rows, kv, d});
   in.cache_k->randomize(seed++, -1.0f, 1.0f);
   in.cache_v = std::make_unique<Twin>(DType::kF32, Shape{rows, kv, d});
@@ -288,6 +289,46 @@ TEST(CudaAttentionFused, WindowsOfSeveralPairTiles) {
   }
   EXPECT_TRUE(check({.s = 11, .heads = 6, .kv_heads = 2, .d = 128, .last = 47, .ring = false}));
   EXPECT_TRUE(check({.s = 17, .heads = 8, .kv_heads = 4, .d = 256, .last = 90, .ring = true}));
+}
+
+// Windows whose blocks take V rows past the q rows' count only after the
+// scores (so that three fit an SM, where the grid needs it): 31B's sliding
+// window of 5 queries (10 pairs of a kv head), 3 queries of groups of 3 (9
+// pairs) and 8 queries of 2 (16), over 128 kv heads so that the grid is large
+// enough (positions past 63: grids of at least 3 chunks). New positions on
+// both sides of the late rows' first (row 20 of a chunk at 9-12 pairs, 16 at
+// 16) and of a chunk edge, rings that wrap and full caches, each kind of v.
+TEST(CudaAttentionFused, LateValueRowsOfVerifyWindows) {
+  SKIP_WITHOUT_CUDA();
+  constexpr int64_t kKv = 128;
+  ASSERT_EQ(cuda::attention_fused_late_v_rows(256, 10, 3 * kKv), 20)
+      << "the cases below would not take the late rows on this GPU";
+  EXPECT_EQ(cuda::attention_fused_late_v_rows(256, 9, 3 * kKv), 20);
+  EXPECT_EQ(cuda::attention_fused_late_v_rows(256, 16, 3 * kKv), 16);
+  EXPECT_EQ(cuda::attention_fused_late_v_rows(256, 10, 32), 32) << "a grid of one wave";
+  EXPECT_EQ(cuda::attention_fused_late_v_rows(256, 2, 4096), 32) << "decode blocks fit three";
+  EXPECT_EQ(cuda::attention_fused_late_v_rows(512, 10, 4096), 32) << "one an SM either way";
+  for (int64_t last : {84, 87, 95, 96, 100}) {
+    for (Kv kv : {Kv::kSeparateV, Kv::kVFromK, Kv::kQOnly}) {
+      EXPECT_TRUE(check({.s = 5, .heads = 2 * kKv, .kv_heads = kKv, .last = last, .kv = kv}));
+      EXPECT_TRUE(check({.s = 5,
+                         .heads = 2 * kKv,
+                         .kv_heads = kKv,
+                         .last = last,
+                         .ring = false,
+                         .full_rows = 128,
+                         .kv = kv}));
+    }
+    EXPECT_TRUE(check({.s = 3,
+                       .heads = 3 * kKv,
+                       .kv_heads = kKv,
+                       .last = last,
+                       .ring = false,
+                       .full_rows = 128}));
+    EXPECT_TRUE(check({.s = 8, .heads = 2 * kKv, .kv_heads = kKv, .last = last}));
+  }
+  // A long full cache: 16 chunks of 32 kv heads.
+  EXPECT_TRUE(check({.s = 5, .heads = 64, .kv_heads = 32, .last = 511, .ring = false}));
 }
 
 // More pairs than the fused launch takes, and head dims that are not float4

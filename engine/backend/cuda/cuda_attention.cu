@@ -121,6 +121,12 @@ struct AttnGeom {
   // AttentionParams::product_follows, on the call's last combine launch only:
   // the combine lets the kernel after it start early.
   bool release_next;
+  // attention_fused_kernel only: V rows [0, v_early) of a chunk are staged with
+  // its K rows, rows [v_early, kChunk) once the scores are done, into the space
+  // the q rows held until then (kChunk: every V row with K, q rows after V).
+  // Where that lets three blocks share an SM instead of two (verify windows of
+  // 5-8 queries at D = 256), see fused_late_v_rows().
+  int v_early;
   float scale;
 };
 
@@ -172,7 +178,7 @@ __device__ inline void stage_row(float* dst, const float* src, const AttnGeom& g
 // Pairs per register tile in the partials block (one staged k or v float4 read
 // serves TP pairs). Fewer pairs: smaller tiles, so more warps share the work.
 // Never changes results: each pair's arithmetic is the same for every TP.
-__device__ inline int pairs_per_tile(int np) {
+__host__ __device__ inline int pairs_per_tile(int np) {
   return np <= 4 ? 1 : (np <= 8 ? 2 : 4);
 }
 
@@ -273,6 +279,57 @@ __device__ void chunk_values(const float* sV, const float* sP, const int* s_j0, 
   }
 }
 
+// chunk_values for a block whose V rows [v_early, kChunk) are still arriving
+// (AttnGeom::v_early) and whose tasks are at most one per thread: keys below
+// v_early first, then the wait for the late rows (this thread's copies, then
+// the block barrier, so every thread must call it), then the rest. The same
+// sums as chunk_values: each pair still adds its keys in increasing order.
+template <int TP>
+__device__ void chunk_values_late(const float* sV, const float* sP, const int* s_j0,
+                                  const int* s_j1, const int64_t* s_entry, int np, int u0, int u1,
+                                  int v_early, float* __restrict__ part_acc, const AttnGeom& g) {
+  const int n4 = (g.d + 3) / 4;
+  const int tasks = (np + TP - 1) / TP * n4;
+  const int task = static_cast<int>(threadIdx.x);
+  const bool active = task < tasks;
+  const int p0 = active ? task / n4 * TP : 0;
+  const int i = task % n4;  // dims 4i .. 4i + 3
+  int j0[TP], j1[TP];
+  float4 acc[TP];
+#pragma unroll
+  for (int u = 0; u < TP; ++u) {
+    const bool real = active && p0 + u < np;
+    j0[u] = real ? s_j0[p0 + u] : 1;  // j0 > j1: sees nothing
+    j1[u] = real ? s_j1[p0 + u] : 0;
+    acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  const auto add_keys = [&](int from, int to) {
+    for (int j = from; j <= to; ++j) {
+      const float4 vv = reinterpret_cast<const float4*>(sV + j * g.ld)[i];
+#pragma unroll
+      for (int u = 0; u < TP; ++u) {
+        if (j >= j0[u] && j <= j1[u]) {
+          const float w = sP[(p0 + u) * kChunk + j];
+          acc[u].x = fmaf(w, vv.x, acc[u].x);
+          acc[u].y = fmaf(w, vv.y, acc[u].y);
+          acc[u].z = fmaf(w, vv.z, acc[u].z);
+          acc[u].w = fmaf(w, vv.w, acc[u].w);
+        }
+      }
+    }
+  };
+  if (active) add_keys(u0, min(u1, v_early - 1));
+  __pipeline_wait_prior(0);  // this thread's late V rows have landed
+  __syncthreads();           // ... and everyone's, and the ones finished in place
+  if (!active) return;
+  add_keys(max(u0, v_early), u1);
+#pragma unroll
+  for (int u = 0; u < TP; ++u) {
+    if (p0 + u >= np || s_entry[p0 + u] < 0) continue;
+    *reinterpret_cast<float4*>(part_acc + s_entry[p0 + u] * g.d + 4 * i) = acc[u];
+  }
+}
+
 // The keys each of the np pairs pair0 .. pair0 + np - 1 (of kv head kvh) sees
 // in the chunk at position c0, written by threads 0 .. np - 1: rows s_j0[p] ..
 // s_j1[p] of the chunk (j0 > j1: none) and the pair's partial entry (-1: none).
@@ -310,10 +367,13 @@ __device__ int2 chunk_key_hull(const int* s_j0, const int* s_j1, int np) {
 // Scores of the block's np pairs over the staged keys, then each pair's chunk
 // softmax (one warp per pair, lane j = key j): sP holds the weights
 // expf(score - m) afterwards, and (m, l) goes to the pair's partial entry.
-// sK and sQ must be staged and visible to the whole block.
+// sK and sQ must be staged and visible to the whole block. after_scores() runs
+// in every thread once all scores are written and sK / sQ are no longer read.
+template <typename AfterScores>
 __device__ void chunk_softmax(const float* sK, const float* sQ, float* sP, const int* s_j0,
                               const int* s_j1, const int64_t* s_entry, int np,
-                              float* __restrict__ part_ml, const AttnGeom& g) {
+                              float* __restrict__ part_ml, const AttnGeom& g,
+                              AfterScores&& after_scores) {
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int tp = pairs_per_tile(np);
@@ -325,6 +385,7 @@ __device__ void chunk_softmax(const float* sK, const float* sQ, float* sP, const
     chunk_scores<4>(sK, sQ, sP, np, g);
   }
   __syncthreads();
+  after_scores();
   for (int p = warp; p < np; p += kPartialWarps) {
     const int j0 = s_j0[p];
     const int j1 = s_j1[p];
@@ -344,11 +405,23 @@ __device__ void chunk_softmax(const float* sK, const float* sQ, float* sP, const
 
 // The pairs' weighted V sums over keys [u0, u1] into their partial entries
 // (chunk_values with the register tile np calls for); sV and the weights in
-// sP must be visible to the whole block.
+// sP must be visible to the whole block, except V rows [v_early, kChunk) when
+// v_early < kChunk (chunk_values_late, which waits for them).
 __device__ void chunk_weighted_values(const float* sV, const float* sP, const int* s_j0,
                                       const int* s_j1, const int64_t* s_entry, int np, int u0,
-                                      int u1, float* __restrict__ part_acc, const AttnGeom& g) {
+                                      int u1, float* __restrict__ part_acc, const AttnGeom& g,
+                                      int v_early = kChunk) {
   const int tp = pairs_per_tile(np);
+  if (v_early < kChunk) {
+    if (tp == 1) {
+      chunk_values_late<1>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, v_early, part_acc, g);
+    } else if (tp == 2) {
+      chunk_values_late<2>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, v_early, part_acc, g);
+    } else {
+      chunk_values_late<4>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, v_early, part_acc, g);
+    }
+    return;
+  }
   if (tp == 1) {
     chunk_values<1>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
   } else if (tp == 2) {
@@ -445,7 +518,7 @@ __global__ void __launch_bounds__(kPartialThreads, 3)
 
   __pipeline_wait_prior(1);  // this thread's q and K copies have landed
   __syncthreads();           // ... and everyone's
-  chunk_softmax(sK, sQ, sP, s_j0, s_j1, s_entry, np, part_ml, g);
+  chunk_softmax(sK, sQ, sP, s_j0, s_j1, s_entry, np, part_ml, g, [] {});
   __pipeline_wait_prior(0);  // V rows
   __syncthreads();
   chunk_weighted_values(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
@@ -499,10 +572,14 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
   pdl_launch_dependents();  // the combine: it waits for this whole grid
   extern __shared__ float4 smem[];
   const int d = g.d;
+  // V rows below v_early arrive with K; the others after the scores, where
+  // the q rows were (see AttnGeom::v_early).
+  const int v_early = g.v_early;
+  const bool late_v = v_early < kChunk;
   float* sK = reinterpret_cast<float*>(smem);
   float* sV = sK + kChunk * g.ld;
-  float* sQ = sV + kChunk * g.ld;
-  float* sP = sQ + staged_q_rows(g.pair_tile) * g.ld;
+  float* sQ = sV + (late_v ? v_early : kChunk) * g.ld;
+  float* sP = late_v ? sV + kChunk * g.ld : sQ + staged_q_rows(g.pair_tile) * g.ld;
   float* sQn = sP + g.pair_tile * kChunk;  // [d] q_norm as f32
   float* sKn = sQn + d;                    // [d] k_norm as f32
   float* sFreq = sKn + d;                  // [d / 2]
@@ -522,16 +599,26 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
   const int np = static_cast<int>(min(int64_t{g.pair_tile}, int64_t{g.s} * g.group - pair0));
   const int64_t kv_row = int64_t{g.n_kv} * d;  // floats per key
   const auto key_row = [&](int64_t kp) { return g.ring > 0 ? kp % g.ring : kp - g.k_pos0; };
-  const auto stage_keys = [&](int j0, int j1) {  // rows j0..j1 of the chunk, K then V
+  // Rows j0..j1 of the chunk from the cache: K, and V below v_early.
+  const auto stage_keys = [&](int j0, int j1) {
     for (int j = j0 + warp; j <= j1; j += kPartialWarps) {
       stage_row(sK + j * g.ld, k_cache + key_row(c0 + j) * kv_row + int64_t{kvh} * d, g, lane);
-      stage_row(sV + j * g.ld, v_cache + key_row(c0 + j) * kv_row + int64_t{kvh} * d, g, lane);
+      if (j < v_early) {
+        stage_row(sV + j * g.ld, v_cache + key_row(c0 + j) * kv_row + int64_t{kvh} * d, g, lane);
+      }
     }
     __pipeline_commit();
   };
+  // The same rows' V at or past v_early (once the q rows there are read).
+  const auto stage_late_values = [&](int j0, int j1) {
+    for (int j = max(j0, v_early) + warp; j <= j1; j += kPartialWarps) {
+      stage_row(sV + j * g.ld, v_cache + key_row(c0 + j) * kv_row + int64_t{kvh} * d, g, lane);
+    }
+  };
   // Old keys of the chunk: [max(c0, first visible), min(chunk end, first - 1)].
-  stage_keys(static_cast<int>(max(c0, hull_lo) - c0),
-             static_cast<int>(min(c0 + kChunk - 1, first - 1) - c0));
+  const int old0 = static_cast<int>(max(c0, hull_lo) - c0);
+  const int old1 = static_cast<int>(min(c0 + kChunk - 1, first - 1) - c0);
+  stage_keys(old0, old1);
   const bool has_qn = in.q_norm != nullptr;
   const bool has_kn = in.k_norm != nullptr;
   for (int i = static_cast<int>(threadIdx.x); i < d; i += kPartialThreads) {
@@ -557,6 +644,16 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
   const int new1 = min(static_cast<int>(min(c0 + kChunk - 1, last) - c0), u1);
   const int n_new = in.k != nullptr ? max(0, new1 - new0 + 1) : 0;
   if (in.k == nullptr) stage_keys(new0, new1);
+  // The finished v row of new position c0 + j (its raw v row, or with v_from_k
+  // its raw k row, plainly normalised) to smem_dst and, unless null, cache_dst:
+  // the same bits as the item loop below writes.
+  const auto finish_value = [&](int j, float* smem_dst, float* cache_dst) {
+    const int64_t src = ((c0 + j - first) * g.n_kv + kvh) * d;
+    float vv[kPer];
+    load_held<kPer, 32>(in.v_from_k ? in.k + src : in.v + src, lane, d, vv);
+    const float inv_v = rms_inv(warp_row_sum_squares(vv, d, lane), d, in.eps);
+    write_plain_norm(vv, inv_v, d, lane, smem_dst, cache_dst);
+  };
   const auto q_weight = [&](int, int c) { return sQn[c]; };
   const auto k_weight = [&](int, int c) { return sKn[c]; };
   const auto freq = [&](int, int pair) { return sFreq[pair]; };
@@ -584,30 +681,112 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
     load_held<kPer, 32>(in.k + src, lane, d, vals);
     load_held<kPer, 32>(in.v_from_k ? nullptr : in.v + src, lane, d, vv);
     const float inv_k = rms_inv(warp_row_sum_squares(vals, d, lane), d, in.eps);
-    if (in.v_from_k) {
-      write_plain_norm(vals, inv_k, d, lane, sV + j * g.ld, writer ? v_cache + dst : nullptr);
+    // A late v row's slot still holds q rows: only the cache gets it now, and
+    // the block finishes it again into its slot after the scores.
+    float* v_smem = j < v_early ? sV + j * g.ld : nullptr;
+    float* v_out = writer ? v_cache + dst : nullptr;
+    if (v_smem == nullptr) {
+      v_smem = v_out;
+      v_out = nullptr;
+    }
+    if (v_smem == nullptr) {
+      // not the writer, and the row is late: nothing to store yet
+    } else if (in.v_from_k) {
+      write_plain_norm(vals, inv_k, d, lane, v_smem, v_out);
     } else {
       const float inv_v = rms_inv(warp_row_sum_squares(vv, d, lane), d, in.eps);
-      write_plain_norm(vv, inv_v, d, lane, sV + j * g.ld, writer ? v_cache + dst : nullptr);
+      write_plain_norm(vv, inv_v, d, lane, v_smem, v_out);
     }
     write_norm_rope(vals, inv_k, has_kn, k_weight, d, lane, sK + j * g.ld,
                     static_cast<int32_t>(pos), freq, writer ? k_cache + dst : nullptr, nullptr);
   }
   __pipeline_wait_prior(0);  // this thread's cache rows have landed
   __syncthreads();           // ... and everyone's, and the finished rows
-  chunk_softmax(sK, sQ, sP, s_j0, s_j1, s_entry, np, part_ml, g);
+  chunk_softmax(sK, sQ, sP, s_j0, s_j1, s_entry, np, part_ml, g, [&] {
+    if (!late_v) return;
+    // The q rows are read: their space takes V rows v_early.. of the old keys
+    // (and of a KV-shared layer's new ones) by copy, of the new keys by
+    // finishing them again, one warp a row, while the softmax runs.
+    stage_late_values(old0, old1);
+    if (in.k == nullptr) stage_late_values(new0, new1);
+    __pipeline_commit();
+    for (int j = max(new0, v_early) + warp; j < new0 + n_new; j += kPartialWarps) {
+      finish_value(j, sV + j * g.ld, nullptr);
+    }
+  });
   __syncthreads();
-  chunk_weighted_values(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
+  chunk_weighted_values(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g, v_early);
 }
 
 // Most pair tiles of a fused launch (31B's full-attention verify window of 5
 // queries: 40 pairs, two tiles).
 constexpr int kFusedPairTiles = 4;
 
-// Dynamic shared memory of a fused block: the partials tiles, then the norm
-// weights and frequencies.
-constexpr size_t fused_smem_bytes(int d, int pairs) {
-  return partials_smem_bytes(d, pairs) + static_cast<size_t>(2 * d + d / 2) * sizeof(float);
+// Dynamic shared memory of a fused block: the partials tiles (the q rows inside
+// the V tile when late_v), then the norm weights and frequencies.
+constexpr size_t fused_smem_bytes(int d, int pairs, bool late_v) {
+  const size_t q_rows = late_v ? 0 : static_cast<size_t>(staged_q_rows(pairs));
+  return ((2 * kChunk + q_rows) * smem_row_floats(d) + static_cast<size_t>(pairs) * kChunk +
+          static_cast<size_t>(2 * d + d / 2)) *
+         sizeof(float);
+}
+
+// Blocks of `dynamic_bytes` dynamic (plus `static_bytes` static) shared
+// memory that fit one SM of the current device (its attributes cached per
+// device, as sm_count does).
+int smem_blocks_per_sm(size_t dynamic_bytes, size_t static_bytes) {
+  static std::atomic<int> per_sm[64];
+  static std::atomic<int> reserved[64];
+  int device = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  const int slot = device >= 0 && device < 64 ? device : 0;
+  int sm = per_sm[slot].load(std::memory_order_relaxed);
+  int res = reserved[slot].load(std::memory_order_relaxed);
+  if (sm == 0) {
+    check_cuda(cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
+               "cudaDeviceGetAttribute(maxSharedMemoryPerMultiprocessor)");
+    check_cuda(cudaDeviceGetAttribute(&res, cudaDevAttrReservedSharedMemoryPerBlock, device),
+               "cudaDeviceGetAttribute(reservedSharedMemoryPerBlock)");
+    reserved[slot].store(res, std::memory_order_relaxed);
+    per_sm[slot].store(sm, std::memory_order_relaxed);
+  }
+  return static_cast<int>(static_cast<size_t>(sm) /
+                          (dynamic_bytes + static_bytes + static_cast<size_t>(res)));
+}
+
+// SPECULA_ATTN_LATE_V=0 keeps every V row with K in fused launches (same
+// results; for A/B runs).
+bool late_v_off() {
+  static const bool off = [] {
+    const char* e = std::getenv("SPECULA_ATTN_LATE_V");
+    return e != nullptr && std::string_view(e) == "0";
+  }();
+  return off;
+}
+
+// Static shared memory of the partials kernels (the pair ranges and entries).
+constexpr size_t kPartialsStaticSmem = kPairTile * (2 * sizeof(int) + sizeof(int64_t));
+
+// AttnGeom::v_early of a fused launch of `blocks` blocks of `pairs` pairs at
+// head dim d: V rows past the q rows' count wait for the scores where that
+// lets blocks of D <= 256 (three an SM by registers) fit three an SM by shared
+// memory too, the grid has more blocks than fit the SMs at the lower count,
+// and each thread has at most one value task (chunk_values_late). Else kChunk
+// (every V row with K). The late rows cost a block one more memory round trip
+// (H200: E2B's decode steps, 8 pairs in grids of at most 32 blocks, took 2.7%
+// longer with them), so they pay only where they save a wave: 31B's sliding
+// layers in verify windows of 5 queries (10 pairs: 80 KB a block, two an SM;
+// 272 working blocks for 264 places) ran in two waves without them.
+int fused_late_v_rows(int d, int pairs, int64_t blocks) {
+  const int q_rows = staged_q_rows(pairs);
+  const int value_tasks = (pairs + pairs_per_tile(pairs) - 1) / pairs_per_tile(pairs) * (d / 4);
+  if (d > 256 || q_rows > kChunk || value_tasks > kPartialThreads) return kChunk;
+  const int full = smem_blocks_per_sm(fused_smem_bytes(d, pairs, false), kPartialsStaticSmem);
+  if (full >= 3 || blocks <= int64_t{full} * sm_count() ||
+      smem_blocks_per_sm(fused_smem_bytes(d, pairs, true), kPartialsStaticSmem) < 3) {
+    return kChunk;
+  }
+  return kChunk - q_rows;
 }
 
 // Combine: one block per (query, head) row = qi · H + h; merges the partials of
@@ -878,9 +1057,14 @@ void set_tile(AttnGeom& g, const AttentionParams& p, int64_t s0, int64_t s, int6
   // visible, so staging a chunk's rows before knowing the ranges wastes little.
   g.eager = int64_t{g.s} * g.group <= kPairTile;
   g.release_next = p.product_follows && s0 + s >= s_len;
+  g.v_early = kChunk;
 }
 
 }  // namespace
+
+int attention_fused_late_v_rows(int head_dim, int pairs, int64_t blocks) {
+  return fused_late_v_rows(head_dim, std::min(pairs, kPairTile), blocks);
+}
 
 // q f32 [S, H, D], k/v f32 [T, Hkv, D], out f32 [S, H, D], q_positions i32 [S]
 // (all on this device); H a multiple of Hkv, D <= 512. See AttentionParams.
@@ -982,7 +1166,11 @@ void CudaBackend::attention_with_inputs(const AttentionInputsParams& in, const A
   // occupancy of the partials kernel: with two, 31B decode steps took 0.8 ms
   // longer on an H200); wider heads fit one block an SM by shared memory anyway.
   auto kernel = g.d <= 256 ? attention_fused_kernel<8, 3> : attention_fused_kernel<16, 1>;
-  launch_pdl(kernel, grid, dim3(kPartialThreads), fused_smem_bytes(g.d, g.pair_tile), stream(),
+  g.v_early = late_v_off()
+                  ? kChunk
+                  : fused_late_v_rows(g.d, g.pair_tile, int64_t{grid.x} * int64_t{grid.y} * grid.z);
+  launch_pdl(kernel, grid, dim3(kPartialThreads),
+             fused_smem_bytes(g.d, g.pair_tile, g.v_early < kChunk), stream(),
              "attention_fused_kernel", f, p.k.data_as<float>(), p.v.data_as<float>(), pos,
              plan.part_ml, plan.part_acc, g);
   dispatch_combine(plan.nr, std::make_integer_sequence<int, kMaxLaneDims>{}, pos, plan.part_ml,

@@ -217,6 +217,12 @@ class CudaBackend final : public Backend {
 inline constexpr int64_t kFastPrefillQueries = 64;
 void attention_prefill_gemm(CudaBackend& be, const AttentionParams& p);
 
+// The first V row of a chunk that attention_with_inputs' fused kernel stages
+// only after the scores, in the q rows' space, for a grid of `blocks` blocks of
+// `pairs` (query, head) pairs of head dim `head_dim` on the current device; 32
+// (the chunk) when every V row comes with K. cuda_attention.cu; for tests.
+int attention_fused_late_v_rows(int head_dim, int pairs, int64_t blocks);
+
 // Per-op wall-time profile, on when SPECULA_CUDA_PROFILE=1: every op
 // synchronizes before and after itself and adds its time to a table printed to
 // stderr when the backend is destroyed. Serializes the stream: for finding
