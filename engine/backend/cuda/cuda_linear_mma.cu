@@ -290,6 +290,19 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
         }
       }
     };
+    // Waits for step i (in `stage`), reads it into w and refills the stage
+    // with step i + PS: a copy is in flight again as soon as its stage has
+    // landed, before the step's split and mma.
+    const auto take_stage = [&](Idx i, int stage, uint4(&w)[CT][2]) {
+      cp_async_wait<PS - 1>();  // group i (step i) has landed
+#pragma unroll
+      for (int c = 0; c < CT; ++c) {
+        w[c][0] = pipe[((stage * CT + c) * 2 + 0) * kThreads];
+        w[c][1] = pipe[((stage * CT + c) * 2 + 1) * kThreads];
+      }
+      if (i + PS < full) issue(i + PS, stage);
+      cp_async_commit();
+    };
     // Weights only before the wait; one commit group per step, empty ones
     // included, so that group i always holds step i.
 #pragma unroll
@@ -302,16 +315,8 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
       // Several rows: their splits come from x_split, step by step.
       int stage = 0;  // i % PS
       for (Idx i = 0; i < full; ++i) {
-        cp_async_wait<PS - 1>();  // group i (step i) has landed
         uint4 w[CT][2];
-#pragma unroll
-        for (int c = 0; c < CT; ++c) {
-          w[c][0] = pipe[((stage * CT + c) * 2 + 0) * kThreads];
-          w[c][1] = pipe[((stage * CT + c) * 2 + 1) * kThreads];
-        }
-        // The stage is free once read: refill it with step i + PS.
-        if (i + PS < full) issue(i + PS, stage);
-        cp_async_commit();
+        take_stage(i, stage, w);
         compute(w, i);
         stage = stage + 1 == PS ? 0 : stage + 1;
       }
@@ -349,16 +354,8 @@ __device__ __forceinline__ void warp_partials(const bf16* const (&wrow)[CT][2],
       if (g_step < full) xq = load_act(reinterpret_cast<const float4*>(x_lane + g_step * kStepK));
       int stage = 0;  // i % PS
       for (Idx i = 0; i < full; ++i) {
-        cp_async_wait<PS - 1>();  // group i (step i) has landed
         uint4 w[CT][2];
-#pragma unroll
-        for (int c = 0; c < CT; ++c) {
-          w[c][0] = pipe[((stage * CT + c) * 2 + 0) * kThreads];
-          w[c][1] = pipe[((stage * CT + c) * 2 + 1) * kThreads];
-        }
-        // The stage is free once read: refill it with step i + PS.
-        if (i + PS < full) issue(i + PS, stage);
-        cp_async_commit();
+        take_stage(i, stage, w);
         if (i % kSplitGroup == 0) {
           __syncwarp();  // the previous group's stage has been read
           if (i + g_step < full) {
