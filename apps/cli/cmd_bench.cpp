@@ -28,6 +28,7 @@
 #include "apps/cli/setup.h"
 #include "engine/backend/backends.h"
 #include "engine/model/gemma4/presets.h"
+#include "engine/speculative/engine.h"
 
 namespace specula::cli {
 namespace {
@@ -62,7 +63,7 @@ struct BenchArgs {
   float repetition_penalty = 1.0f;
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
-  bool host_sampling = false;  // SPECULA_HOST_SAMPLING=1: logits read back, sampled on the host
+  bool host_sampling = false;  // logits read back, sampled on the host (A/B)
   // Dump a preset's config.json and exit.
   std::string print_preset_config, print_assistant_config;
 };
@@ -242,7 +243,7 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
 
 // ---------------------------------------------------------------------------- decode loop
 
-// Plain and speculative decoding through spec::decode, per batch size and draft
+// Plain and speculative decoding through speculative::decode, per batch size and draft
 // length: prints the table (unless json) and returns the rows.
 nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
                             const std::vector<int>& batches) {
@@ -252,9 +253,9 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
                "prefill t/s", "decode t/s", "tau", "accept", "speedup");
   }
   for (int batch : batches) {
-    std::vector<spec::DecodeRequest> reqs;
+    std::vector<speculative::DecodeRequest> reqs;
     for (auto& p : make_prompts(a, m, batch)) {
-      spec::DecodeRequest r{.prompt = p, .params = {}};
+      speculative::DecodeRequest r{.prompt = p, .params = {}};
       r.params.temperature = a.temperature;
       r.params.top_p = a.top_p;
       r.params.top_k = a.top_k;
@@ -266,36 +267,35 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
       r.params.max_tokens = a.gen_tokens;
       reqs.push_back(std::move(r));
     }
-    // Each mode runs twice in one DecodeSession and the second run counts: the
-    // first records the step and round graphs of its shapes (a cost of the
-    // first requests, not of decoding), which the second replays.
-    // Also counted in the second run: its rounds (of the whole batch), and how
-    // many of them replayed one recorded round, and target forwards replayed.
+    // Each mode runs twice on one Engine and the second run counts: the first
+    // records the step graphs of its shapes (a cost of the first requests,
+    // not of decoding), which the second replays. Also counted in the second
+    // run: its rounds (of the whole batch) and target forwards replayed.
     struct Measured {
-      spec::DecodeStats stats;
-      int64_t rounds = 0, round_replays = 0, target_replays = 0;
+      speculative::DecodeStats stats;
+      int64_t rounds = 0, target_replays = 0;
     };
     auto measure = [&](Drafter* drafter, int k) {
       Measured out;
-      spec::DecodeSession session;
+      speculative::Engine engine(*m.target, drafter,
+                                 {.schedule = {.draft_tokens = std::max(k, 1)},
+                                  .max_rows = batch,
+                                  .modes = {.host_sampling = a.host_sampling}});
       for (int run = 0; run < 2; ++run) {
         out = {};
-        const int64_t round_replays = session.round_replays();
         const int64_t target_replays = m.target->graph_replays();
-        for (const auto& r : spec::decode(*m.target, drafter, reqs,
-                                          {.draft_tokens = std::max(k, 1)}, {}, &session)) {
+        for (const auto& r : speculative::decode(engine, reqs)) {
           out.stats.merge(r.stats);
           out.rounds = std::max(out.rounds, r.stats.rounds);
         }
-        out.round_replays = session.round_replays() - round_replays;
         out.target_replays = m.target->graph_replays() - target_replays;
       }
       return out;
     };
     const Measured plain_run = measure(nullptr, 0);
-    const spec::DecodeStats& plain = plain_run.stats;
+    const speculative::DecodeStats& plain = plain_run.stats;
     auto report = [&](const char* mode, int k, const Measured& measured) {
-      const spec::DecodeStats& s = measured.stats;
+      const speculative::DecodeStats& s = measured.stats;
       const double decode_tps =
           s.decode_seconds > 0 ? (s.generated_tokens - batch) / s.decode_seconds : 0;
       const double plain_tps =
@@ -311,7 +311,6 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
                       {"acceptance_rate", s.acceptance_rate()},
                       {"speedup", speedup},
                       {"rounds", measured.rounds},
-                      {"round_graph_replays", measured.round_replays},
                       {"target_graph_replays", measured.target_replays}});
       if (!a.json) {
         fmt::print("{:<12} {:>5} {:>3} {:>12.1f} {:>12.1f} {:>8.2f} {:>7.1f}% {:>7.2f}x\n", mode,
@@ -704,7 +703,7 @@ void run_bench(BenchArgs a) {
     nlohmann::json e2e = nlohmann::json::array();
     if (m.draft_source) {
       if (!a.json) {
-        fmt::print("\nend to end (spec::decode, batch 1, {}-token prompts, {} new tokens):\n",
+        fmt::print("\nend to end (speculative::decode, batch 1, {}-token prompts, {} new tokens):\n",
                    a.prompt_tokens, a.gen_tokens);
       }
       e2e = decode_table(a, m, {1});
@@ -834,8 +833,6 @@ void register_bench(CLI::App& app) {
   cmd->callback([args, batch] {
     BenchArgs a = *args;
     a.batches_given = batch->count() > 0;
-    // The decoder reads it when a decode starts (engine/spec/decoder.h).
-    if (a.host_sampling) setenv("SPECULA_HOST_SAMPLING", "1", 1);
     run_bench(std::move(a));
   });
 }

@@ -19,7 +19,7 @@ namespace {
 struct ChatArgs {
   ModelArgs model;
   SamplingArgs sampling;
-  spec::DraftSchedule schedule;
+  speculative::DraftSchedule schedule;
   std::string system;
   bool quiet = false;
 };

@@ -16,7 +16,7 @@ namespace {
 struct GenerateArgs {
   ModelArgs model;
   SamplingArgs sampling;
-  spec::DraftSchedule schedule;
+  speculative::DraftSchedule schedule;
   std::string prompt;
   std::string prompt_ids;
   bool json = false;
@@ -39,7 +39,7 @@ void run_generate(const GenerateArgs& args) {
     std::fflush(stdout);
   };
   auto finish = [&](nlohmann::json j, const std::vector<int32_t>& tokens, const std::string& reason,
-                    const spec::DecodeStats& stats) {
+                    const speculative::DecodeStats& stats) {
     if (args.json) {
       j["model"] = m.model_dir;
       j["draft"] = m.draft_dir;
@@ -65,14 +65,14 @@ void run_generate(const GenerateArgs& args) {
     return;
   }
 
-  spec::DecodeRequest request{.prompt = parse_id_list(args.prompt_ids, "--prompt-ids"),
+  speculative::DecodeRequest request{.prompt = parse_id_list(args.prompt_ids, "--prompt-ids"),
                               .params = params};
   auto on_tokens = [&](int, std::span<const int32_t> fresh) {
     for (int32_t t : fresh) stream(fmt::format("{} ", t));
     return true;
   };
-  spec::DecodeResult r =
-      spec::decode(*m.target, drafter, std::span(&request, 1), args.schedule, on_tokens).front();
+  speculative::DecodeResult r =
+      speculative::decode(*m.target, drafter, std::span(&request, 1), args.schedule, on_tokens).front();
   finish({{"prompt_ids", request.prompt}}, r.tokens, r.finish_reason, r.stats);
 }
 

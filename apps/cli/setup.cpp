@@ -151,7 +151,7 @@ SamplingParams sampling_params(const SamplingArgs& args, const LoadedModels& mod
   return p;
 }
 
-void add_draft_options(CLI::App* cmd, spec::DraftSchedule& schedule) {
+void add_draft_options(CLI::App* cmd, speculative::DraftSchedule& schedule) {
   cmd->add_option("--draft-tokens,-k", schedule.draft_tokens,
                   "Draft tokens per round (the start value with --adaptive-draft)")
       ->capture_default_str();
@@ -189,7 +189,7 @@ void set_threads(int threads) {
   if (threads > 0) omp_set_num_threads(threads);
 }
 
-std::string summary_line(const spec::DecodeStats& s, bool speculative) {
+std::string summary_line(const speculative::DecodeStats& s, bool speculative) {
   std::string line = fmt::format(
       "prompt {} tokens, prefill {:.1f} tok/s | generated {} tokens, decode {:.1f} tok/s",
       s.prompt_tokens, s.prefill_tokens_per_second(), s.generated_tokens,
@@ -201,7 +201,7 @@ std::string summary_line(const spec::DecodeStats& s, bool speculative) {
   return line;
 }
 
-nlohmann::json stats_json(const spec::DecodeStats& s, bool speculative) {
+nlohmann::json stats_json(const speculative::DecodeStats& s, bool speculative) {
   nlohmann::json j = {{"prompt_tokens", s.prompt_tokens},
                       {"generated_tokens", s.generated_tokens},
                       {"target_forwards", s.target_forwards},

@@ -13,7 +13,7 @@
 #include "engine/draft/assistant/assistant_drafter.h"
 #include "engine/model/gemma4/gemma4.h"
 #include "engine/sampling/sampling_params.h"
-#include "engine/spec/decoder.h"
+#include "engine/speculative/decoder.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace specula::cli {
@@ -54,7 +54,7 @@ void add_sampling_options(CLI::App* cmd, SamplingArgs& args, int default_max_tok
 // The request's params: CLI values plus EOS ids from the tokenizer or the model config.
 SamplingParams sampling_params(const SamplingArgs& args, const LoadedModels& models);
 
-void add_draft_options(CLI::App* cmd, spec::DraftSchedule& schedule);
+void add_draft_options(CLI::App* cmd, speculative::DraftSchedule& schedule);
 
 // Parses "1,2,3" (spaces allowed) into token ids; an Error names the bad item.
 std::vector<int32_t> parse_id_list(const std::string& text, const char* flag);
@@ -62,7 +62,7 @@ void set_threads(int threads);
 
 // "prompt 12 tokens, prefill 850.1 tok/s | generated 64 tokens, decode 95.2 tok/s |
 //  drafted 80, accepted 52 (65.0%), tau 3.1"
-std::string summary_line(const spec::DecodeStats& stats, bool speculative);
-nlohmann::json stats_json(const spec::DecodeStats& stats, bool speculative);
+std::string summary_line(const speculative::DecodeStats& stats, bool speculative);
+nlohmann::json stats_json(const speculative::DecodeStats& stats, bool speculative);
 
 }  // namespace specula::cli

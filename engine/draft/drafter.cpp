@@ -13,17 +13,4 @@ Tensor Drafter::step_on_device(int step_index, std::span<const DraftRow> /*rows*
       step_index);
 }
 
-void Drafter::stage_step(int step_index, std::span<const DraftRow> /*rows*/,
-                         const DraftDeviceInputs& /*inputs*/) {
-  fail("draft step {}: this drafter does not stage steps (stages_steps() is false)", step_index);
-}
-
-void Drafter::append_step_key(int step_index, std::vector<int64_t>& /*key*/) const {
-  fail("draft step {}: this drafter does not stage steps (stages_steps() is false)", step_index);
-}
-
-Tensor Drafter::run_staged_step(int step_index) {
-  fail("draft step {}: this drafter does not stage steps (stages_steps() is false)", step_index);
-}
-
 }  // namespace specula

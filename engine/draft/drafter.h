@@ -48,22 +48,6 @@ class Drafter {
   // still hold. Queues device work without waiting for it where it can.
   virtual Tensor step_on_device(int step_index, std::span<const DraftRow> rows,
                                 const DraftDeviceInputs& inputs);
-
-  // step_on_device() in two halves, so that a round's steps can be recorded
-  // as one (with the verify window). stage_step() is the host half (checks,
-  // plans, uploads; no device work), run_staged_step() queues the device half
-  // directly (recorded by the caller, never by the drafter) and returns the
-  // logits (valid until the next step runs). Steps 0..k-1 of a round may all
-  // be staged before the first runs; each runs once, in order, after its
-  // staging and before the next round's step 0 is staged. append_step_key()
-  // appends what a staged step's device half depends on besides device memory
-  // (shapes, buffers, caches, positions bounds). Whether implemented:
-  // stages_steps().
-  virtual bool stages_steps() const { return false; }
-  virtual void stage_step(int step_index, std::span<const DraftRow> rows,
-                          const DraftDeviceInputs& inputs);
-  virtual void append_step_key(int step_index, std::vector<int64_t>& key) const;
-  virtual Tensor run_staged_step(int step_index);
 };
 
 }  // namespace specula

@@ -196,6 +196,12 @@ class StepGraph {
   virtual ~StepGraph() = default;
 };
 
+// Memory of a backend's device, in bytes.
+struct MemoryInfo {
+  int64_t free_bytes = 0;
+  int64_t total_bytes = 0;
+};
+
 // A Backend is also the MemoryResource of its device: allocate()/release()
 // give device memory (host memory on the CPU backend).
 class Backend : public MemoryResource {
@@ -208,6 +214,9 @@ class Backend : public MemoryResource {
   // Calls to allocate() (and growths of pinned staging memory) so far: tests
   // assert steady-state steps make none.
   virtual int64_t allocation_count() const = 0;
+  // Free and total memory of the device now (the host's available and total
+  // memory on the CPU backend), for budgets given as a fraction.
+  virtual MemoryInfo memory_info() const = 0;
   // Copies dst.nbytes() bytes from host memory into dst (on this device), and
   // src.nbytes() bytes from src into host memory. Both complete before returning.
   virtual void upload(const void* host, const Tensor& dst) = 0;

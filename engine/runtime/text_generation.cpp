@@ -10,9 +10,9 @@ namespace specula {
 TextGenerationResult generate_text(gemma4::Gemma4Model& target, Drafter* drafter,
                                    const Tokenizer& tokenizer, std::vector<int32_t> prompt_ids,
                                    const SamplingParams& params,
-                                   const spec::DraftSchedule& schedule,
+                                   const speculative::DraftSchedule& schedule,
                                    const std::function<bool(std::string_view)>& on_text) {
-  spec::DecodeRequest request{.prompt = std::move(prompt_ids), .params = params};
+  speculative::DecodeRequest request{.prompt = std::move(prompt_ids), .params = params};
   StreamingDecoder detok(tokenizer, /*skip_special_tokens=*/true);
   StopMatcher stops(params.stop);
   TextGenerationResult result;
@@ -38,9 +38,9 @@ TextGenerationResult generate_text(gemma4::Gemma4Model& target, Drafter* drafter
     }
     return true;
   };
-  std::vector<spec::DecodeResult> out =
-      spec::decode(target, drafter, std::span(&request, 1), schedule, on_tokens);
-  spec::DecodeResult& r = out.front();
+  std::vector<speculative::DecodeResult> out =
+      speculative::decode(target, drafter, std::span(&request, 1), schedule, on_tokens);
+  speculative::DecodeResult& r = out.front();
   if (!stopped_by_string) show(stops.feed(detok.flush()).emit + stops.flush());
   result.tokens = std::move(r.tokens);
   result.stats = r.stats;

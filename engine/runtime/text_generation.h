@@ -9,7 +9,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/spec/decoder.h"
+#include "engine/speculative/decoder.h"
 #include "engine/tokenizer/tokenizer.h"
 
 namespace specula {
@@ -18,7 +18,7 @@ struct TextGenerationResult {
   std::string text;             // everything emitted (stop string excluded)
   std::vector<int32_t> tokens;  // generated token ids
   std::string finish_reason;    // "length", "stop" or "cancelled"
-  spec::DecodeStats stats;
+  speculative::DecodeStats stats;
 };
 
 // Streams text as soon as it is valid UTF-8 and cannot be part of a stop
@@ -27,7 +27,7 @@ struct TextGenerationResult {
 TextGenerationResult generate_text(gemma4::Gemma4Model& target, Drafter* drafter,
                                    const Tokenizer& tokenizer, std::vector<int32_t> prompt_ids,
                                    const SamplingParams& params,
-                                   const spec::DraftSchedule& schedule,
+                                   const speculative::DraftSchedule& schedule,
                                    const std::function<bool(std::string_view)>& on_text = {});
 
 }  // namespace specula

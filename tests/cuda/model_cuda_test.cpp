@@ -9,10 +9,10 @@
 #include "engine/draft/assistant/assistant_drafter.h"
 #include "engine/io/safetensors.h"
 #include "engine/model/gemma4/gemma4.h"
-#include "engine/spec/decoder.h"
+#include "engine/speculative/decoder.h"
 #include "tests/cuda/cuda_model_util.h"
 #include "tests/cuda/cuda_test_util.h"
-#include "tests/unit/spec/sampling_test_util.h"
+#include "tests/unit/speculative/sampling_test_util.h"
 
 namespace specula {
 namespace {
@@ -121,9 +121,9 @@ TEST_P(CudaSpeculation, GreedyOutputIdenticalWithAndWithoutDrafter) {
   const int vocab = target->config().vocab_size;
   for (int batch : {1, 3, 8}) {
     auto reqs = greedy_requests(batch, vocab, 24);
-    const auto plain = spec::decode(*target, nullptr, reqs, {});
+    const auto plain = speculative::decode(*target, nullptr, reqs, {});
     for (int k = 1; k <= 8; ++k) {
-      const auto specd = spec::decode(*target, &source, reqs, {.draft_tokens = k});
+      const auto specd = speculative::decode(*target, &source, reqs, {.draft_tokens = k});
       for (int b = 0; b < batch; ++b) {
         ASSERT_EQ(specd[static_cast<size_t>(b)].tokens, plain[static_cast<size_t>(b)].tokens)
             << "batch " << batch << " k " << k << " row " << b;
@@ -132,8 +132,8 @@ TEST_P(CudaSpeculation, GreedyOutputIdenticalWithAndWithoutDrafter) {
     // Uneven rows and adaptive draft lengths: later draft steps run a strict
     // subset of the rows, whose tokens and hiddens are gathered on the device.
     for (int b = 0; b < batch; ++b) reqs[static_cast<size_t>(b)].params.max_tokens = 9 + 5 * b;
-    const auto plain_uneven = spec::decode(*target, nullptr, reqs, {});
-    const auto adaptive = spec::decode(
+    const auto plain_uneven = speculative::decode(*target, nullptr, reqs, {});
+    const auto adaptive = speculative::decode(
         *target, &source, reqs, {.draft_tokens = 3, .adaptive = true, .max_draft_tokens = 8});
     for (int b = 0; b < batch; ++b) {
       ASSERT_EQ(adaptive[static_cast<size_t>(b)].tokens,
@@ -156,7 +156,7 @@ TEST(CudaSpeculationReadbacks, GreedyRoundsReadBackOncePerRound) {
     auto reqs = greedy_requests(3, target->config().vocab_size, 20);
     for (int k : {1, 3, 6}) {
       const int64_t before = target->backend().readback_count();
-      const auto out = spec::decode(*target, &source, reqs, {.draft_tokens = k});
+      const auto out = speculative::decode(*target, &source, reqs, {.draft_tokens = k});
       int64_t rounds = 0;
       for (const auto& r : out) rounds = std::max(rounds, r.stats.rounds);
       EXPECT_EQ(target->backend().readback_count() - before, 1 + rounds) << name << " k " << k;
@@ -197,8 +197,8 @@ TEST(CudaEmbedded, SpeculationMatchesPlainAndStartsLikeTheCpu) {
     EXPECT_LT(err, kEmbeddedTolerance);
   }
   auto reqs = greedy_requests(3, gpu->config().vocab_size, 32);
-  const auto plain_gpu = spec::decode(*gpu, nullptr, reqs, {});
-  const auto plain_cpu = spec::decode(*cpu, nullptr, reqs, {});
+  const auto plain_gpu = speculative::decode(*gpu, nullptr, reqs, {});
+  const auto plain_cpu = speculative::decode(*cpu, nullptr, reqs, {});
   for (size_t b = 0; b < reqs.size(); ++b) {
     ASSERT_GE(plain_gpu[b].tokens.size(), 4u);
     EXPECT_EQ(std::vector<int32_t>(plain_gpu[b].tokens.begin(), plain_gpu[b].tokens.begin() + 4),
@@ -206,7 +206,7 @@ TEST(CudaEmbedded, SpeculationMatchesPlainAndStartsLikeTheCpu) {
         << "row " << b;
   }
   for (int k : {1, 4, 8}) {
-    const auto specd = spec::decode(*gpu, &source, reqs, {.draft_tokens = k});
+    const auto specd = speculative::decode(*gpu, &source, reqs, {.draft_tokens = k});
     for (size_t b = 0; b < reqs.size(); ++b) EXPECT_EQ(specd[b].tokens, plain_gpu[b].tokens);
   }
 }

@@ -13,10 +13,10 @@
 #include "engine/draft/assistant/assistant_drafter.h"
 #include "engine/model/gemma4/gemma4.h"
 #include "engine/sampling/sampler.h"
-#include "engine/spec/decoder.h"
+#include "engine/speculative/decoder.h"
 #include "tests/cuda/cuda_model_util.h"
 #include "tests/cuda/cuda_test_util.h"
-#include "tests/unit/spec/sampling_test_util.h"
+#include "tests/unit/speculative/sampling_test_util.h"
 
 namespace specula {
 namespace {
@@ -49,14 +49,13 @@ TEST_P(CudaDeviceSampling, SameTokensAsHostSampling) {
     const auto reqs = testing::sampled_requests(batch, vocab, 20);
     for (int k = 0; k <= 8; ++k) {
       Drafter* d = k == 0 ? nullptr : &source;
-      const spec::DraftSchedule schedule{.draft_tokens = std::max(k, 1)};
-      std::vector<spec::DecodeResult> host;
+      const speculative::DraftSchedule schedule{.draft_tokens = std::max(k, 1)};
+      std::vector<speculative::DecodeResult> host;
       {
-        const testing::ScopedEnv env("SPECULA_HOST_SAMPLING", true);
-        host = spec::decode(*target, d, reqs, schedule);
+        host = speculative::decode(*target, d, reqs, schedule, {}, {.host_sampling = true});
       }
       const int64_t before = target->backend().readback_count();
-      const auto device = spec::decode(*target, d, reqs, schedule);
+      const auto device = speculative::decode(*target, d, reqs, schedule);
       int64_t rounds = 0;
       for (const auto& r : device) rounds = std::max(rounds, r.stats.rounds);
       EXPECT_EQ(target->backend().readback_count() - before, 1 + rounds)
@@ -117,13 +116,12 @@ TEST(CudaDeviceSamplingPenalties, SameTokensAsHostSampling) {
   constexpr int kTokens = 20;
   for (int batch : {1, 3, 8}) {
     const auto reqs = testing::penalised_requests(batch, vocab, kTokens);
-    std::vector<spec::DecodeResult> host;
+    std::vector<speculative::DecodeResult> host;
     {
-      const testing::ScopedEnv env("SPECULA_HOST_SAMPLING", true);
-      host = spec::decode(*target, nullptr, reqs, {});
+      host = speculative::decode(*target, nullptr, reqs, {}, {}, {.host_sampling = true});
     }
     const int64_t before = target->backend().readback_count();
-    const auto device = spec::decode(*target, nullptr, reqs, {});
+    const auto device = speculative::decode(*target, nullptr, reqs, {});
     EXPECT_EQ(target->backend().readback_count() - before, kTokens) << "batch " << batch;
     for (int b = 0; b < batch; ++b) {
       ASSERT_EQ(device[static_cast<size_t>(b)].tokens, host[static_cast<size_t>(b)].tokens)
@@ -148,16 +146,15 @@ TEST(CudaDeviceSamplingPenalties, WithADrafterSameTokensAsHostSampling) {
   int64_t drafted = 0, accepted = 0;
   for (int batch : {1, 3, 8}) {
     const auto reqs = testing::penalised_requests(batch, vocab, kTokens);
-    const auto plain = spec::decode(*target, nullptr, reqs, {});
+    const auto plain = speculative::decode(*target, nullptr, reqs, {});
     for (int k : {1, 3, 8}) {
-      const spec::DraftSchedule schedule{.draft_tokens = k};
-      std::vector<spec::DecodeResult> host;
+      const speculative::DraftSchedule schedule{.draft_tokens = k};
+      std::vector<speculative::DecodeResult> host;
       {
-        const testing::ScopedEnv env("SPECULA_HOST_SAMPLING", true);
-        host = spec::decode(*target, &source, reqs, schedule);
+        host = speculative::decode(*target, &source, reqs, schedule, {}, {.host_sampling = true});
       }
       const int64_t before = target->backend().readback_count();
-      const auto device = spec::decode(*target, &source, reqs, schedule);
+      const auto device = speculative::decode(*target, &source, reqs, schedule);
       int64_t rounds = 0;
       for (const auto& r : device) rounds = std::max(rounds, r.stats.rounds);
       EXPECT_EQ(target->backend().readback_count() - before, 1 + rounds)
@@ -199,13 +196,13 @@ TEST(CudaDeviceSamplingDistribution, SecondTokenFollowsTheTargetDistribution) {
     std::vector<int64_t> counts(expected.size(), 0);
     int64_t drafted = 0, accepted = 0;
     for (int start = 0; start < draws; start += batch) {
-      std::vector<spec::DecodeRequest> reqs;
+      std::vector<speculative::DecodeRequest> reqs;
       for (int i = 0; i < batch; ++i) {
-        spec::DecodeRequest r{.prompt = prompt, .params = params};
+        speculative::DecodeRequest r{.prompt = prompt, .params = params};
         r.params.seed = static_cast<uint64_t>(5000 + start + i);
         reqs.push_back(r);
       }
-      for (const auto& res : spec::decode(*gpu, &source, reqs, {.draft_tokens = 2})) {
+      for (const auto& res : speculative::decode(*gpu, &source, reqs, {.draft_tokens = 2})) {
         ASSERT_EQ(res.tokens.size(), 3u);
         ++counts[static_cast<size_t>(res.tokens[1])];
         drafted += res.stats.drafted;

@@ -863,7 +863,7 @@ def greedy_decode(target, prompts, max_new, device):
 
 @torch.no_grad()
 def spec_decode(target, drafter, prompts, max_new, k_draft, device, head="centroid"):
-    """Greedy speculative decoding with the engine's loop (engine/spec/decoder.cpp): the prefill
+    """Greedy speculative decoding with the engine's loop (engine/speculative/decoder.cpp): the prefill
     emits the first token; each round drafts k = min(k_draft, remaining - 1) tokens at the pending
     token's position, verifies [pending, drafts] in one target forward, accepts the longest prefix
     equal to the target argmax plus one target token. Returns per-row generated tokens and

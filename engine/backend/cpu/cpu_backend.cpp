@@ -3,6 +3,7 @@
 #include "engine/backend/cpu/cpu_backend.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 
@@ -23,6 +24,14 @@ void* CpuBackend::allocate(size_t bytes) {
   if (p == nullptr) fail("cpu: out of host memory allocating {} bytes", bytes);
   ++allocations_;
   return p;
+}
+
+MemoryInfo CpuBackend::memory_info() const {
+  const long page = sysconf(_SC_PAGESIZE);
+  const long avail = sysconf(_SC_AVPHYS_PAGES);
+  const long total = sysconf(_SC_PHYS_PAGES);
+  return {.free_bytes = static_cast<int64_t>(avail) * page,
+          .total_bytes = static_cast<int64_t>(total) * page};
 }
 
 void CpuBackend::release(void* p) noexcept {

@@ -35,6 +35,7 @@ class CpuBackend final : public Backend {
   void* allocate(size_t bytes) override;
   void release(void* p) noexcept override;
   int64_t allocation_count() const override { return allocations_.load(); }
+  MemoryInfo memory_info() const override;
   void upload(const void* host, const Tensor& dst) override;
   void download(const Tensor& src, void* host) override;
   int64_t readback_count() const override { return readbacks_.load(); }

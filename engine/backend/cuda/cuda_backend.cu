@@ -59,6 +59,13 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
+MemoryInfo CudaBackend::memory_info() const {
+  check_cuda(cudaSetDevice(device_index_), "cudaSetDevice");
+  size_t free = 0, total = 0;
+  check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return {.free_bytes = static_cast<int64_t>(free), .total_bytes = static_cast<int64_t>(total)};
+}
+
 void* CudaBackend::allocate(size_t bytes) {
   check_cuda(cudaSetDevice(device_index_), "cudaSetDevice");
   void* p = nullptr;

@@ -57,6 +57,7 @@ class CudaBackend final : public Backend {
   void* allocate(size_t bytes) override;
   void release(void* p) noexcept override;
   int64_t allocation_count() const override { return allocations_.load(); }
+  MemoryInfo memory_info() const override;
   void upload(const void* host, const Tensor& dst) override;
   void download(const Tensor& src, void* host) override;
   void upload_async(const void* host, const Tensor& dst) override;

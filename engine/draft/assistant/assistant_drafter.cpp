@@ -74,12 +74,6 @@ Tensor AssistantDraftSource::draft_step(int step_index, std::span<const DraftRow
   return graphs_.run(backend_, graph_key_, [&] { return run_staged_step(step_index); });
 }
 
-void AssistantDraftSource::stage_step(int step_index, std::span<const DraftRow> rows,
-                                      const DraftDeviceInputs& inputs) {
-  check_device_inputs(step_index, rows, inputs);
-  stage(step_index, rows, &inputs, /*slot=*/step_index);
-}
-
 AssistantDraftSource::InputViews AssistantDraftSource::input_views(int slot, int64_t B) const {
   const int64_t Hb = drafter_.config().backbone_hidden_size;
   const size_t ids_bytes = aligned(static_cast<size_t>(3 * input_rows_) * sizeof(int32_t));

@@ -25,13 +25,12 @@ class AssistantDraftSource : public Drafter {
   bool takes_device_inputs() const override { return true; }
   Tensor step_on_device(int step_index, std::span<const DraftRow> rows,
                         const DraftDeviceInputs& inputs) override;
-  bool stages_steps() const override { return true; }
-  void stage_step(int step_index, std::span<const DraftRow> rows,
-                  const DraftDeviceInputs& inputs) override;
-  void append_step_key(int step_index, std::vector<int64_t>& key) const override;
-  Tensor run_staged_step(int step_index) override;
-
  private:
+  // A step in two halves: stage() plans and uploads (host), run_staged_step()
+  // queues the device work (recorded by shape); append_step_key() appends what
+  // that device work depends on besides device memory.
+  void append_step_key(int step_index, std::vector<int64_t>& key) const;
+  Tensor run_staged_step(int step_index);
   // What a staged step's device half needs: its rows, their chain rows and
   // caches (bound to its own donors), and the device inputs to copy in.
   struct StepPlan {

@@ -187,8 +187,7 @@ void Gemma4Model::init_after_weights(const LoadOptions& options) {
   for (const LayerSpec& l : c.layers) max_width = std::max<int64_t>(max_width, l.intermediate_size);
   be.reserve_scratch(kv_spec_.max_context, max_width);
   scratch_ = std::make_unique<Scratch>();
-  const char* no_graphs = std::getenv("SPECULA_NO_GRAPHS");
-  graphs_enabled_ = !(no_graphs != nullptr && std::string(no_graphs) == "1");
+  graphs_enabled_ = true;
 }
 
 void Gemma4Model::set_graphs_enabled(bool on) {

@@ -135,8 +135,8 @@ class Gemma4Model {
   void embed_scaled(const Tensor& ids, const Tensor& out);
 
   // Recorded steps (CUDA graphs) for decode steps and verify windows: on by
-  // default where the backend supports them (SPECULA_NO_GRAPHS=1 turns them off
-  // at load). Results are identical either way.
+  // default where the backend supports them (the CLI's --no-graphs turns them
+  // off). Results are identical either way.
   void set_graphs_enabled(bool on);
   bool graphs_enabled() const { return graphs_enabled_; }
   // Forwards that ran as a replayed graph so far (for tests and benchmarks).

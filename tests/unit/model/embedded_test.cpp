@@ -11,7 +11,7 @@
 
 #include "engine/draft/assistant/assistant_drafter.h"
 #include "engine/io/safetensors.h"
-#include "engine/spec/decoder.h"
+#include "engine/speculative/decoder.h"
 #include "engine/tokenizer/tokenizer.h"
 #include "tests/unit/model/golden_util.h"
 
@@ -68,10 +68,10 @@ TEST_F(EmbeddedFamily, GreedyContinuationsMatchTransformers) {
   for (int i = 0; i < 4; ++i) {
     const std::vector<int32_t> prompt = to_ids(expected_->get(fmt::format("input_ids.{}", i)));
     const std::vector<int32_t> want = to_ids(expected_->get(fmt::format("generate_ids.{}", i)));
-    spec::DecodeRequest req{.prompt = prompt, .params = {}};
+    speculative::DecodeRequest req{.prompt = prompt, .params = {}};
     req.params.temperature = 0;
     req.params.max_tokens = static_cast<int>(want.size() - prompt.size());
-    const auto got = spec::decode(*target_, nullptr, std::span(&req, 1), {}).front().tokens;
+    const auto got = speculative::decode(*target_, nullptr, std::span(&req, 1), {}).front().tokens;
     // Prompt 2, token 30: transformers' GPU run disagrees with two fp32 CPU
     // implementations by a 3.2-logit margin (meta.json known_issues): compare before it.
     const size_t compare = i == 2 ? 30 : got.size();
@@ -85,12 +85,12 @@ TEST_F(EmbeddedFamily, SpeculativeAcceptanceEqualsPyTorch) {
   EXPECT_TRUE(drafter_->centroid_head());
   for (int i = 0; i < 4; ++i) {
     const std::vector<int32_t> prompt = to_ids(expected_->get(fmt::format("input_ids.{}", i)));
-    spec::DecodeRequest req{.prompt = prompt, .params = {}};
+    speculative::DecodeRequest req{.prompt = prompt, .params = {}};
     req.params.temperature = 0;
     req.params.max_tokens = 32;
-    const auto plain = spec::decode(*target_, nullptr, std::span(&req, 1), {}).front();
+    const auto plain = speculative::decode(*target_, nullptr, std::span(&req, 1), {}).front();
     const auto specd =
-        spec::decode(*target_, &source, std::span(&req, 1), {.draft_tokens = 4}).front();
+        speculative::decode(*target_, &source, std::span(&req, 1), {.draft_tokens = 4}).front();
     EXPECT_EQ(specd.tokens, plain.tokens) << "prompt " << i;
     EXPECT_EQ(specd.stats.round_drafted, to_ids(expected_->get(fmt::format("spec_drafted.{}", i))))
         << "prompt " << i;

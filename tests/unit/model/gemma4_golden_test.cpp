@@ -7,7 +7,7 @@
 
 #include "engine/io/safetensors.h"
 #include "engine/model/gemma4/gemma4.h"
-#include "engine/spec/decoder.h"
+#include "engine/speculative/decoder.h"
 #include "tests/unit/model/golden_util.h"
 
 namespace specula {
@@ -87,10 +87,10 @@ TEST_P(Gemma4Golden, PrefillMatchesTransformers) {
 TEST_P(Gemma4Golden, GreedyGenerationMatchesTransformers) {
   const std::vector<int32_t> ids = to_ids(expected("input_ids"));
   const std::vector<int32_t> want = to_ids(expected("generate_ids"));
-  spec::DecodeRequest request{.prompt = ids};
+  speculative::DecodeRequest request{.prompt = ids};
   request.params.temperature = 0;
   request.params.max_tokens = static_cast<int>(want.size() - ids.size());
-  const auto got = spec::decode(*model_, nullptr, std::span(&request, 1), {});
+  const auto got = speculative::decode(*model_, nullptr, std::span(&request, 1), {});
   std::vector<int32_t> full = ids;
   full.insert(full.end(), got[0].tokens.begin(), got[0].tokens.end());
   EXPECT_EQ(full, want);

@@ -9,15 +9,16 @@
 
 #include "engine/draft/assistant/assistant_drafter.h"
 #include "engine/sampling/sampler.h"
-#include "engine/spec/decoder.h"
+#include "engine/speculative/decoder.h"
+#include "engine/speculative/engine.h"
 #include "tests/unit/model/golden_util.h"
-#include "tests/unit/spec/sampling_test_util.h"
+#include "tests/unit/speculative/sampling_test_util.h"
 
 namespace specula {
 namespace {
 
-using spec::DecodeRequest;
-using spec::DraftSchedule;
+using speculative::DecodeRequest;
+using speculative::DraftSchedule;
 using testing::golden_dir;
 
 using testing::greedy_requests;
@@ -40,16 +41,16 @@ TEST_P(SpeculationInvariance, GreedyOutputIdenticalWithAndWithoutDrafter) {
   const int vocab = target->config().vocab_size;
   for (int batch : {1, 3, 8}) {
     auto reqs = greedy_requests(batch, vocab, 24);
-    const auto plain = spec::decode(*target, nullptr, reqs, {});
+    const auto plain = speculative::decode(*target, nullptr, reqs, {});
     for (int k = 1; k <= 8; ++k) {
-      const auto specd = spec::decode(*target, &source, reqs, {.draft_tokens = k});
+      const auto specd = speculative::decode(*target, &source, reqs, {.draft_tokens = k});
       for (int b = 0; b < batch; ++b) {
         ASSERT_EQ(specd[static_cast<size_t>(b)].tokens, plain[static_cast<size_t>(b)].tokens)
             << "batch " << batch << " k " << k << " row " << b;
         EXPECT_EQ(specd[static_cast<size_t>(b)].stats.drafted > 0, true);
       }
     }
-    const auto adaptive = spec::decode(
+    const auto adaptive = speculative::decode(
         *target, &source, reqs, {.draft_tokens = 2, .adaptive = true, .max_draft_tokens = 8});
     for (int b = 0; b < batch; ++b)
       EXPECT_EQ(adaptive[static_cast<size_t>(b)].tokens, plain[static_cast<size_t>(b)].tokens);
@@ -130,14 +131,14 @@ TEST_P(SpeculationOracle, MostlyRightDrafterIsLosslessAndAccepts) {
   auto target = gemma4::Gemma4Model::load(golden_dir("moe"));
   const int vocab = target->config().vocab_size;
   auto reqs = greedy_requests(3, vocab, 30);
-  const auto plain = spec::decode(*target, nullptr, reqs, {});
+  const auto plain = speculative::decode(*target, nullptr, reqs, {});
   std::map<int, std::vector<int32_t>> truth;
   for (int i = 0; i < 3; ++i) truth[i] = plain[static_cast<size_t>(i)].tokens;
   for (int k : {1, 3, 6}) {
     OracleDrafter oracle(truth, vocab);
     oracle.device_inputs_ = GetParam();
     for (int i = 0; i < 3; ++i) oracle.prompt_len_[i] = reqs[static_cast<size_t>(i)].prompt.size();
-    const auto specd = spec::decode(*target, &oracle, reqs, {.draft_tokens = k});
+    const auto specd = speculative::decode(*target, &oracle, reqs, {.draft_tokens = k});
     EXPECT_EQ(oracle.token_errors_, 0) << "k " << k;
     for (int i = 0; i < 3; ++i) {
       const auto& r = specd[static_cast<size_t>(i)];
@@ -155,11 +156,11 @@ TEST_P(SpeculationOracle, MostlyRightDrafterIsLosslessAndAccepts) {
   auto uneven = reqs;
   for (size_t i = 0; i < uneven.size(); ++i)
     uneven[i].params.max_tokens = 12 + 7 * static_cast<int>(i);
-  const auto plain_uneven = spec::decode(*target, nullptr, uneven, {});
+  const auto plain_uneven = speculative::decode(*target, nullptr, uneven, {});
   OracleDrafter oracle(truth, vocab);
   oracle.device_inputs_ = GetParam();
   for (int i = 0; i < 3; ++i) oracle.prompt_len_[i] = reqs[static_cast<size_t>(i)].prompt.size();
-  const auto adaptive = spec::decode(*target, &oracle, uneven,
+  const auto adaptive = speculative::decode(*target, &oracle, uneven,
                                      {.draft_tokens = 2, .adaptive = true, .max_draft_tokens = 7});
   EXPECT_EQ(oracle.token_errors_, 0);
   for (size_t i = 0; i < uneven.size(); ++i) {
@@ -187,7 +188,7 @@ TEST(SpeculationReadbacks, GreedyDeviceRoundsReadBackOncePerRound) {
     auto reqs = greedy_requests(3, target->config().vocab_size, 20);
     for (int k : {1, 4}) {
       const int64_t before = target->backend().readback_count();
-      const auto out = spec::decode(*target, &source, reqs, {.draft_tokens = k});
+      const auto out = speculative::decode(*target, &source, reqs, {.draft_tokens = k});
       int64_t rounds = 0;  // loop iterations: until the longest-running row is done
       for (const auto& r : out) rounds = std::max(rounds, r.stats.rounds);
       EXPECT_EQ(target->backend().readback_count() - before, 1 + rounds) << name << " k " << k;
@@ -251,7 +252,6 @@ TEST_P(SpeculativeSampling, SecondTokenFollowsTheTargetDistribution) {
   params.max_tokens = 3;
   const std::vector<double> expected = exact_second_token(*target, prompt, params);
 
-  const testing::ScopedEnv host_sampling("SPECULA_HOST_SAMPLING", GetParam().host_sampling);
   Drafter* draft = GetParam().drafter ? &source : nullptr;
   const int64_t readbacks_before = target->backend().readback_count();
   int64_t loop_rounds = 0;
@@ -265,7 +265,8 @@ TEST_P(SpeculativeSampling, SecondTokenFollowsTheTargetDistribution) {
       r.params.seed = static_cast<uint64_t>(1000 + start + i);
       reqs.push_back(r);
     }
-    const auto results = spec::decode(*target, draft, reqs, {.draft_tokens = 2});
+    const auto results = speculative::decode(*target, draft, reqs, {.draft_tokens = 2}, {},
+                                             {.host_sampling = GetParam().host_sampling});
     int64_t rounds = 0;
     for (const auto& res : results) rounds = std::max(rounds, res.stats.rounds);
     loop_rounds += rounds;
@@ -318,12 +319,11 @@ TEST(DeviceSampling, SameTokensAsHostSampling) {
     for (int k = 0; k <= 8; ++k) {
       Drafter* d = k == 0 ? nullptr : &source;
       const DraftSchedule schedule{.draft_tokens = std::max(k, 1)};
-      std::vector<spec::DecodeResult> host;
+      std::vector<speculative::DecodeResult> host;
       {
-        const testing::ScopedEnv env("SPECULA_HOST_SAMPLING", true);
-        host = spec::decode(*target, d, reqs, schedule);
+        host = speculative::decode(*target, d, reqs, schedule, {}, {.host_sampling = true});
       }
-      const auto device = spec::decode(*target, d, reqs, schedule);
+      const auto device = speculative::decode(*target, d, reqs, schedule);
       for (int b = 0; b < batch; ++b) {
         ASSERT_EQ(device[static_cast<size_t>(b)].tokens, host[static_cast<size_t>(b)].tokens)
             << "batch " << batch << " k " << k << " row " << b;
@@ -347,7 +347,7 @@ TEST(DeviceSampling, GreedyRowsInASampledBatchKeepTheirTokens) {
   assistant::AssistantDraftSource source(*target, *drafter);
   const int vocab = target->config().vocab_size;
   auto reqs = greedy_requests(5, vocab, 16);
-  const auto greedy = spec::decode(*target, nullptr, reqs, {});
+  const auto greedy = speculative::decode(*target, nullptr, reqs, {});
   for (size_t i = 1; i < reqs.size(); i += 2) {
     reqs[i].params.temperature = 0.9f;
     reqs[i].params.top_p = 0.95f;
@@ -355,8 +355,8 @@ TEST(DeviceSampling, GreedyRowsInASampledBatchKeepTheirTokens) {
   }
   for (Drafter* d : {static_cast<Drafter*>(nullptr), static_cast<Drafter*>(&source)}) {
     for (int k : {1, 3, 6}) {
-      const auto mixed = spec::decode(*target, d, reqs, {.draft_tokens = k});
-      const auto again = spec::decode(*target, d, reqs, {.draft_tokens = k});
+      const auto mixed = speculative::decode(*target, d, reqs, {.draft_tokens = k});
+      const auto again = speculative::decode(*target, d, reqs, {.draft_tokens = k});
       for (size_t i = 0; i < reqs.size(); ++i) {
         if (reqs[i].params.greedy()) {
           EXPECT_EQ(mixed[i].tokens, greedy[i].tokens) << "row " << i << " k " << k;
@@ -381,13 +381,12 @@ TEST(DeviceSampling, PenaltiesWithoutADrafterMatchTheHost) {
   constexpr int kTokens = 24;
   for (int batch : {1, 3, 8}) {
     const auto reqs = testing::penalised_requests(batch, vocab, kTokens);
-    std::vector<spec::DecodeResult> host;
+    std::vector<speculative::DecodeResult> host;
     {
-      const testing::ScopedEnv env("SPECULA_HOST_SAMPLING", true);
-      host = spec::decode(*target, nullptr, reqs, {});
+      host = speculative::decode(*target, nullptr, reqs, {}, {}, {.host_sampling = true});
     }
     const int64_t before = target->backend().readback_count();
-    const auto device = spec::decode(*target, nullptr, reqs, {});
+    const auto device = speculative::decode(*target, nullptr, reqs, {});
     EXPECT_EQ(target->backend().readback_count() - before, kTokens)
         << "batch " << batch << ": one readback per step (the prefill's and " << kTokens - 1
         << " more)";
@@ -397,10 +396,10 @@ TEST(DeviceSampling, PenaltiesWithoutADrafterMatchTheHost) {
       ASSERT_EQ(device[i].tokens, host[i].tokens) << "batch " << batch << " row " << b;
       ASSERT_EQ(device[i].tokens.size(), static_cast<size_t>(kTokens));
       if (reqs[i].params.has_penalties()) {
-        spec::DecodeRequest plain = reqs[i];
+        speculative::DecodeRequest plain = reqs[i];
         plain.params.repetition_penalty = 1.0f;
         plain.params.presence_penalty = plain.params.frequency_penalty = 0.0f;
-        const auto unpenalised = spec::decode(*target, nullptr, std::span(&plain, 1), {});
+        const auto unpenalised = speculative::decode(*target, nullptr, std::span(&plain, 1), {});
         penalties_mattered |= unpenalised[0].tokens != device[i].tokens;
       }
     }
@@ -425,16 +424,15 @@ TEST(DeviceSampling, PenaltiesWithADrafterMatchTheHost) {
   int64_t drafted = 0, accepted = 0;
   for (int batch : {1, 3, 8}) {
     const auto reqs = testing::penalised_requests(batch, vocab, kTokens);
-    const auto plain = spec::decode(*target, nullptr, reqs, {});
+    const auto plain = speculative::decode(*target, nullptr, reqs, {});
     for (int k : {1, 2, 4, 8}) {
       const DraftSchedule schedule{.draft_tokens = k};
-      std::vector<spec::DecodeResult> host;
+      std::vector<speculative::DecodeResult> host;
       {
-        const testing::ScopedEnv env("SPECULA_HOST_SAMPLING", true);
-        host = spec::decode(*target, &source, reqs, schedule);
+        host = speculative::decode(*target, &source, reqs, schedule, {}, {.host_sampling = true});
       }
       const int64_t before = target->backend().readback_count();
-      const auto device = spec::decode(*target, &source, reqs, schedule);
+      const auto device = speculative::decode(*target, &source, reqs, schedule);
       int64_t rounds = 0;
       for (const auto& r : device) rounds = std::max(rounds, r.stats.rounds);
       EXPECT_EQ(target->backend().readback_count() - before, 1 + rounds)
@@ -461,13 +459,11 @@ TEST(DeviceSampling, PenaltiesWithADrafterMatchTheHost) {
   EXPECT_LT(accepted, drafted);
 }
 
-// One DecodeSession across calls of different batch sizes, temperatures and
-// penalties (its device buffers are kept, reallocated or stripped of their
-// penalty lists between calls), with rounds staged whole
-// (SPECULA_ROUND_GRAPHS=1: every draft step and the verify window staged
-// before any runs): every call gives the tokens of a plain per-step call
-// without a session.
-TEST(DecodeSessionReuse, CallsOfDifferentShapesMatchFreshCalls) {
+// One Engine across calls of different batch sizes, temperatures, penalties
+// and per-request draft lengths (its device buffers are kept, its sampling and
+// penalty buffers added when first needed): every call gives the tokens of a
+// fresh decode() with that draft length.
+TEST(EngineReuse, CallsOfDifferentShapesMatchFreshCalls) {
   if (!testing::golden_exists("e2b_like") || !testing::golden_exists("e2b_like_assistant"))
     GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden_dir("e2b_like"));
@@ -475,31 +471,31 @@ TEST(DecodeSessionReuse, CallsOfDifferentShapesMatchFreshCalls) {
                                                    target->config(), target->backend());
   assistant::AssistantDraftSource source(*target, *drafter);
   const int vocab = target->config().vocab_size;
-  spec::DecodeSession session;
+  speculative::Engine engine(*target, &source,
+                             {.schedule = {.draft_tokens = 4}, .max_rows = 3});
   struct Call {
     std::vector<DecodeRequest> reqs;
-    DraftSchedule schedule;
+    int k;
   };
   const std::vector<Call> calls = {
-      {greedy_requests(3, vocab, 16), {.draft_tokens = 3}},
-      {greedy_requests(3, vocab, 16), {.draft_tokens = 3}},
-      {testing::penalised_requests(3, vocab, 16), {.draft_tokens = 2}},
-      {testing::sampled_requests(3, vocab, 16), {.draft_tokens = 2}},
-      {greedy_requests(1, vocab, 12), {.draft_tokens = 4}},
-      {greedy_requests(3, vocab, 16), {.draft_tokens = 3}},
+      {greedy_requests(3, vocab, 16), 3},
+      {greedy_requests(3, vocab, 16), 3},
+      {testing::penalised_requests(3, vocab, 16), 2},
+      {testing::sampled_requests(3, vocab, 16), 2},
+      {greedy_requests(1, vocab, 12), 4},
+      {greedy_requests(3, vocab, 16), 3},
   };
   for (size_t i = 0; i < calls.size(); ++i) {
     const Call& c = calls[i];
-    const auto fresh = spec::decode(*target, &source, c.reqs, c.schedule);
-    const testing::ScopedEnv staged("SPECULA_ROUND_GRAPHS", true);
-    const auto kept = spec::decode(*target, &source, c.reqs, c.schedule, {}, &session);
+    const auto fresh = speculative::decode(*target, &source, c.reqs, {.draft_tokens = c.k});
+    std::vector<DecodeRequest> own_k = c.reqs;
+    for (DecodeRequest& r : own_k) r.draft_tokens = c.k;
+    const auto kept = speculative::decode(engine, own_k);
     ASSERT_EQ(kept.size(), fresh.size());
     for (size_t b = 0; b < kept.size(); ++b) {
       EXPECT_EQ(kept[b].tokens, fresh[b].tokens) << "call " << i << " row " << b;
     }
   }
-  // The CPU backend records nothing.
-  EXPECT_EQ(session.round_replays(), 0);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The decoding loop for batched rows, with or without speculation.
+// The decoding loop for batched rows, with or without speculation: the
+// request and result types the engine (engine.h) works with, and decode(),
+// which runs a fixed set of requests to completion on an Engine.
 //
 // Without a drafter every round is one plain decode step per row. With one,
 // a round drafts k tokens per row, verifies [pending, d1..dk] of every row in
@@ -15,8 +17,8 @@
 // drafter that takes device inputs (Drafter::takes_device_inputs) the whole
 // round stays there: each draft step's ids feed the next step and the verify
 // window without coming back, and the round ends in ONE readback of all drafts
-// and the target's ids (uploads are queued without waiting). Set
-// SPECULA_HOST_ROUNDS=1 to read the drafts back every step instead (for A/B runs).
+// and the target's ids (uploads are queued without waiting).
+// RoundModes::host_rounds reads the drafts back every step instead (A/B runs).
 //
 // Every other batch (rows sampled or with penalties, with no drafter or one
 // that takes device inputs) samples on the backend too: the drafts' q and the
@@ -33,24 +35,14 @@
 // history tokens and generated counts, and each draft step's and window row's
 // logits are penalised for that history plus the drafts before them (read
 // where they lie on the device), as the host sampler would penalise them.
-// Set SPECULA_HOST_SAMPLING=1 to sample every row on the host (for A/B runs).
+// RoundModes::host_sampling samples every row on the host (A/B runs).
 //
 // Each draft step and verify window of a device round is recorded (and then
 // replayed) as its own graph, queued while the GPU runs the steps before it.
-// With SPECULA_ROUND_GRAPHS=1 and a drafter that stages its steps
-// (Drafter::stages_steps, the assistant), a round instead stages every draft
-// step and the verify window first (host plans and uploads), then queues the
-// round's device work, recorded as ONE graph the second time its shape is
-// seen and replayed after (rounds with penalties, whose list sizes vary, run
-// it op by op). Same tokens either way; on one H200 whole-round graphs
-// measured 0-2% slower end to end (bench/RESULTS.md, session 14), so they
-// are not the default. A DecodeSession keeps the round buffers and graphs from
-// one call to the next.
 #pragma once
 
 #include <cstdint>
 #include <functional>
-#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -59,11 +51,21 @@
 #include "engine/model/gemma4/gemma4.h"
 #include "engine/sampling/sampling_params.h"
 
-namespace specula::spec {
+namespace specula::speculative {
 
 struct DecodeRequest {
   std::vector<int32_t> prompt;  // non-empty
   SamplingParams params;        // temperature 0 = greedy; max_tokens; stop_token_ids; seed
+  // Speculation for this request: -1 follows the engine's schedule, 0 turns
+  // it off, k in [1, the engine's maximum] drafts k tokens a round (adaptive
+  // schedules start there).
+  int draft_tokens = -1;
+};
+
+// A/B switches of how rounds run; the tokens are the same either way.
+struct RoundModes {
+  bool host_rounds = false;    // read the drafts back every draft step
+  bool host_sampling = false;  // sample every row on the host (logits read back)
 };
 
 struct DraftSchedule {
@@ -111,36 +113,21 @@ struct DecodeResult {
 // Called whenever a request's tokens are committed; return false to cancel it.
 using TokenCallback = std::function<bool(int request, std::span<const int32_t> new_tokens)>;
 
-// What decode() may keep from one call to the next on the same target and
-// drafter: the rounds' device buffers and the recorded rounds (CUDA graphs),
-// so that a caller decoding batch after batch (a benchmark, a server loop)
-// records each round shape once rather than once per call. Optional; a call
-// without one keeps nothing. Not thread-safe; one decode() at a time.
-class DecodeSession {
- public:
-  DecodeSession();
-  ~DecodeSession();
-  DecodeSession(const DecodeSession&) = delete;
-  DecodeSession& operator=(const DecodeSession&) = delete;
-  // Rounds that ran as one replayed graph so far (for tests and benchmarks).
-  int64_t round_replays() const;
-
- private:
-  struct State;
-  std::unique_ptr<State> state_;
-  friend std::vector<DecodeResult> decode(gemma4::Gemma4Model&, Drafter*,
-                                          std::span<const DecodeRequest>, const DraftSchedule&,
-                                          const TokenCallback&, DecodeSession*);
-};
-
 // Decodes every request to completion, batching all unfinished rows in each
-// target forward. `drafter` may be null (plain decoding). Throws an Error for
-// invalid requests (empty prompt, prompt + max_tokens beyond the context,
-// invalid sampling params) before any work starts. `session` (optional) keeps
-// device state for the next call (see DecodeSession).
+// target forward (an Engine with one row per request). `drafter` may be null
+// (plain decoding). Throws an Error naming the request for invalid requests
+// (empty prompt, prompt + max_tokens beyond the context, invalid sampling
+// params) before any work starts.
 std::vector<DecodeResult> decode(gemma4::Gemma4Model& target, Drafter* drafter,
                                  std::span<const DecodeRequest> requests,
                                  const DraftSchedule& schedule, const TokenCallback& on_tokens = {},
-                                 DecodeSession* session = nullptr);
+                                 const RoundModes& modes = {});
 
-}  // namespace specula::spec
+class Engine;
+// The same on a caller's engine (which keeps its buffers and recorded steps
+// from one call to the next): submits every request, then steps until all
+// have finished. The engine must have no other requests.
+std::vector<DecodeResult> decode(Engine& engine, std::span<const DecodeRequest> requests,
+                                 const TokenCallback& on_tokens = {});
+
+}  // namespace specula::speculative

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Helpers of the decoding tests on either backend (tests/unit/spec,
-// tests/cuda): an environment variable set for one scope, greedy requests and
+// Helpers of the decoding tests on either backend (tests/unit/speculative,
+// tests/cuda): greedy requests and
 // requests of mixed sampling settings over the same prompts, and Pearson's
 // chi-square against an exact distribution.
 #pragma once
@@ -11,24 +11,9 @@
 #include <cstdlib>
 #include <vector>
 
-#include "engine/spec/decoder.h"
+#include "engine/speculative/decoder.h"
 
 namespace specula::testing {
-
-// Sets an environment variable to "1" for one scope (the decoder reads
-// SPECULA_HOST_SAMPLING / SPECULA_HOST_ROUNDS when a decode starts).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, bool on) : name_(name) {
-    if (on) setenv(name, "1", 1);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
 
 // Prompt i of n: 2 + (i·7) mod 19 tokens (some longer than the fixtures'
 // sliding window of 4), ids spread over [3, vocab).
@@ -40,10 +25,10 @@ inline std::vector<int32_t> test_prompt(int i, int vocab) {
 }
 
 // n greedy requests (test_prompt) of max_tokens each.
-inline std::vector<spec::DecodeRequest> greedy_requests(int n, int vocab, int max_tokens) {
-  std::vector<spec::DecodeRequest> reqs;
+inline std::vector<speculative::DecodeRequest> greedy_requests(int n, int vocab, int max_tokens) {
+  std::vector<speculative::DecodeRequest> reqs;
   for (int i = 0; i < n; ++i) {
-    spec::DecodeRequest r;
+    speculative::DecodeRequest r;
     r.prompt = test_prompt(i, vocab);
     r.params.temperature = 0;
     r.params.max_tokens = max_tokens;
@@ -54,10 +39,10 @@ inline std::vector<spec::DecodeRequest> greedy_requests(int n, int vocab, int ma
 
 // n requests with prompts of several lengths and mixed settings (temperature,
 // top-k, top-p, min-p; every fifth greedy), each with its own seed.
-inline std::vector<spec::DecodeRequest> sampled_requests(int n, int vocab, int max_tokens) {
-  std::vector<spec::DecodeRequest> reqs;
+inline std::vector<speculative::DecodeRequest> sampled_requests(int n, int vocab, int max_tokens) {
+  std::vector<speculative::DecodeRequest> reqs;
   for (int i = 0; i < n; ++i) {
-    spec::DecodeRequest r;
+    speculative::DecodeRequest r;
     r.prompt = test_prompt(i, vocab);
     SamplingParams& p = r.params;
     p.max_tokens = max_tokens;
@@ -92,7 +77,7 @@ inline std::vector<spec::DecodeRequest> sampled_requests(int n, int vocab, int m
 // sampled_requests with repetition, presence and frequency penalties on two
 // rows of three (greedy or sampled), none on the rest, and no stop tokens, so
 // every row runs all max_tokens.
-inline std::vector<spec::DecodeRequest> penalised_requests(int n, int vocab, int max_tokens) {
+inline std::vector<speculative::DecodeRequest> penalised_requests(int n, int vocab, int max_tokens) {
   auto reqs = sampled_requests(n, vocab, max_tokens);
   for (int i = 0; i < n; ++i) {
     SamplingParams& p = reqs[static_cast<size_t>(i)].params;

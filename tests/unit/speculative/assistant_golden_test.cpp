@@ -12,7 +12,7 @@
 #include "engine/draft/assistant/assistant_drafter.h"
 #include "engine/io/safetensors.h"
 #include "engine/model/gemma4/gemma4.h"
-#include "engine/spec/decoder.h"
+#include "engine/speculative/decoder.h"
 #include "tests/unit/model/golden_util.h"
 
 namespace specula {
@@ -94,11 +94,11 @@ TEST_P(AssistantGolden, AssistedGreedyGenerationReproducesTransformers) {
   io::SafetensorsFile want(golden_dir(c.drafter) + "/expected.safetensors");
   const std::vector<int32_t> prompt = to_ids(want.get("input_ids"));
   const std::vector<int32_t> assisted = to_ids(want.get("assisted_ids"));
-  spec::DecodeRequest req{.prompt = prompt, .params = {}};
+  speculative::DecodeRequest req{.prompt = prompt, .params = {}};
   req.params.temperature = 0;
   req.params.max_tokens = static_cast<int>(assisted.size() - prompt.size());
   // transformers' generate(assistant_model=...) used 6 draft tokens per round.
-  const auto got = spec::decode(*target, &source, std::span(&req, 1), {.draft_tokens = 6}).front();
+  const auto got = speculative::decode(*target, &source, std::span(&req, 1), {.draft_tokens = 6}).front();
   std::vector<int32_t> full = prompt;
   full.insert(full.end(), got.tokens.begin(), got.tokens.end());
   EXPECT_EQ(full, assisted);

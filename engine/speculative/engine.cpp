@@ -1,0 +1,614 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "engine/speculative/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "engine/sampling/rng.h"
+#include "engine/sampling/sampler.h"
+#include "engine/sampling/speculative.h"
+#include "engine/speculative/engine_state.h"
+
+namespace specula::speculative {
+namespace {
+
+int64_t row_bytes_of(const KvCacheSpec& spec) {
+  int64_t bytes = 0;
+  for (const KvLayerSpec& l : spec.layers) {
+    if (!l.owns_cache) continue;
+    const int64_t rows = l.window > 0
+                             ? std::min<int64_t>(l.window + spec.max_rollback, spec.max_context)
+                             : spec.max_context;
+    bytes += 2 * rows * l.n_kv_heads * l.head_dim * static_cast<int64_t>(sizeof(float));
+  }
+  return bytes;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Setup, admission, bookkeeping
+
+void Engine::State::configure() {
+  const EngineOptions& o = options;
+  if (o.max_rows < 1) fail("max_rows must be >= 1, got {}", o.max_rows);
+  if (o.max_batch_tokens < 0) fail("max_batch_tokens must be >= 0, got {}", o.max_batch_tokens);
+  if (!(o.kv_memory >= 0) || !std::isfinite(o.kv_memory)) {
+    fail("kv_memory must be a byte count or a fraction in (0, 1], got {}", o.kv_memory);
+  }
+  if (o.max_waiting < 0) fail("max_waiting must be >= 0, got {}", o.max_waiting);
+  const DraftSchedule& schedule = o.schedule;
+  if (drafter) {
+    if (drafter->vocab_size() != V) {
+      fail("the drafter's vocabulary ({}) differs from the target's ({})", drafter->vocab_size(),
+           V);
+    }
+    if (schedule.draft_tokens < 1) fail("draft tokens must be >= 1, got {}", schedule.draft_tokens);
+    if (schedule.adaptive && schedule.max_draft_tokens < 1) {
+      fail("max draft tokens must be >= 1, got {}", schedule.max_draft_tokens);
+    }
+    max_k = std::max(schedule.draft_tokens, schedule.adaptive ? schedule.max_draft_tokens : 0);
+    if (max_k > target.kv_spec().max_rollback - 1) {
+      fail("draft tokens {} exceed what the sliding caches can roll back ({}); raise max_rollback",
+           max_k, target.kv_spec().max_rollback - 1);
+    }
+  }
+  device_drafter = drafter == nullptr || (drafter->takes_device_inputs() && !o.modes.host_rounds);
+
+  row_bytes = row_bytes_of(target.kv_spec());
+  max_rows = o.max_rows;
+  if (o.kv_memory > 0) {
+    double budget = o.kv_memory;
+    if (budget <= 1.0) {
+      const MemoryInfo mem = be.memory_info();
+      budget *= static_cast<double>(mem.free_bytes);
+    }
+    const auto rows = static_cast<int64_t>(budget / static_cast<double>(std::max<int64_t>(1, row_bytes)));
+    if (rows < 1) {
+      fail("kv_memory of {:.0f} bytes holds no sequence: one needs {} bytes at a context of {}",
+           budget, row_bytes, target.max_context());
+    }
+    max_rows = static_cast<int>(std::min<int64_t>(max_rows, rows));
+  }
+  slots.resize(static_cast<size_t>(max_rows));
+  running.reserve(static_cast<size_t>(max_rows));
+  updates.reserve(static_cast<size_t>(max_rows) + 16);
+  active.reserve(static_cast<size_t>(max_rows));
+  draft_rows.reserve(static_cast<size_t>(max_rows));
+  draft_owner.reserve(static_cast<size_t>(max_rows));
+  fwd.reserve(static_cast<size_t>(max_rows));
+  pos0.reserve(static_cast<size_t>(max_rows));
+  prefill_rows.reserve(static_cast<size_t>(max_rows));
+  prefill_take.reserve(static_cast<size_t>(max_rows));
+  draft_at_ids.reserve(static_cast<size_t>(max_k));
+  if (drafter && device_drafter) {
+    hidden_store = DeviceBuffer(be, static_cast<size_t>(3 * max_rows * H) * sizeof(float));
+    hidden_idx = DeviceBuffer(be, static_cast<size_t>(3 * max_rows) * sizeof(int32_t));
+    hidden_idx_host.resize(static_cast<size_t>(3 * max_rows));
+  }
+}
+
+std::string Engine::State::check_request(const DecodeRequest& r) const {
+  if (r.prompt.empty()) return "the prompt is empty";
+  for (size_t i = 0; i < r.prompt.size(); ++i) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= V) {
+      return fmt::format("prompt token {} at position {} is outside the vocabulary [0, {})",
+                         r.prompt[i], i, V);
+    }
+  }
+  try {
+    r.params.validate();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  const int64_t ctx = target.max_context();
+  if (static_cast<int64_t>(r.prompt.size()) + r.params.max_tokens > ctx) {
+    return fmt::format(
+        "prompt of {} tokens plus max_tokens {} exceeds the context size of {} tokens",
+        r.prompt.size(), r.params.max_tokens, ctx);
+  }
+  if (r.draft_tokens < -1 || r.draft_tokens > max_k) {
+    return fmt::format("draft_tokens {} is outside [-1, {}] (the engine's maximum draft length)",
+                       r.draft_tokens, max_k);
+  }
+  return {};
+}
+
+Row& Engine::State::admit_one(int64_t id, DecodeRequest&& req) {
+  size_t slot = 0;
+  while (slots[slot]) ++slot;
+  auto owned = std::make_unique<Row>();
+  Row& r = *owned;
+  r.id = id;
+  r.slot = slot;
+  r.request = std::move(req);
+  r.kv.emplace(target.new_sequence());
+  r.rng = Rng(r.request.params.seed);
+  const SamplingParams& p = r.request.params;
+  const size_t history_cap =
+      r.request.prompt.size() + static_cast<size_t>(p.max_tokens) + static_cast<size_t>(max_k) + 2;
+  r.history.reserve(history_cap);
+  r.history.assign(r.request.prompt.begin(), r.request.prompt.end());
+  if (drafter) {
+    r.k = r.request.draft_tokens < 0 ? options.schedule.draft_tokens : r.request.draft_tokens;
+    r.hidden.resize(static_cast<size_t>(H));
+    r.drafts.reserve(static_cast<size_t>(max_k));
+    r.round_u.reserve(static_cast<size_t>(2 * max_k + 1));
+    // Host-sampled rounds keep each draft's distribution q.
+    if (!p.greedy() && (!device_drafter || options.modes.host_sampling)) {
+      r.q.resize(static_cast<size_t>(max_k) * static_cast<size_t>(V));
+    }
+  }
+  if (p.has_penalties()) r.penalty_list.reserve(history_cap);
+  r.result.finish_reason = "length";
+  r.result.stats.prompt_tokens = static_cast<int64_t>(r.request.prompt.size());
+  r.result.stats.round_drafted.reserve(static_cast<size_t>(p.max_tokens));
+  r.result.stats.round_accepted.reserve(static_cast<size_t>(p.max_tokens));
+  r.result.tokens.reserve(static_cast<size_t>(p.max_tokens));
+  r.t_admitted = Clock::now();
+  slots[slot] = std::move(owned);
+  running.push_back(&r);
+  return r;
+}
+
+void Engine::State::admit() {
+  while (!waiting.empty() && static_cast<int>(running.size()) < max_rows) {
+    auto [id, req] = std::move(waiting.front());
+    waiting.pop_front();
+    admit_one(id, std::move(req));
+  }
+}
+
+// Reports every row's new tokens and ends the finished ones (their caches go
+// back to the pool now; the Row lives on until the next step for the views).
+void Engine::State::finish_step() {
+  for (auto& c : cancelled_waiting) {
+    updates.push_back({.id = c->id,
+                       .tokens = {},
+                       .finished = true,
+                       .finish_reason = c->result.finish_reason,
+                       .stats = &c->result.stats});
+    ended.push_back(std::move(c));
+  }
+  cancelled_waiting.clear();
+  const auto now = Clock::now();
+  size_t kept = 0;
+  for (Row* r : running) {
+    const size_t n = r->result.tokens.size();
+    if (n > r->reported || r->done) {
+      updates.push_back({.id = r->id,
+                         .tokens = std::span<const int32_t>(r->result.tokens.data() + r->reported,
+                                                            n - r->reported),
+                         .finished = r->done,
+                         .finish_reason = r->done ? r->result.finish_reason : std::string(),
+                         .stats = r->done ? &r->result.stats : nullptr});
+      r->reported = n;
+    }
+    if (r->done) {
+      r->result.stats.decode_seconds =
+          r->decoding ? seconds_between(r->t_first_token, now) : 0.0;
+      r->kv.reset();
+      ended.push_back(std::move(slots[r->slot]));
+    } else {
+      running[kept++] = r;
+    }
+  }
+  running.resize(kept);
+}
+
+Modes Engine::State::modes_for(std::span<Row* const> rows) const {
+  Modes m;
+  m.device_greedy = std::all_of(rows.begin(), rows.end(), [](const Row* r) {
+    return r->request.params.greedy() && !r->request.params.has_penalties();
+  });
+  m.device_sampling = !m.device_greedy && device_drafter && !options.modes.host_sampling;
+  m.use_dev = (m.device_greedy && drafter && device_drafter) || m.device_sampling;
+  return m;
+}
+
+DeviceRounds& Engine::State::device_rounds(const Modes& m, std::span<Row* const> rows) {
+  if (!dev) dev.emplace(be, max_rows, max_k, H, V);
+  DeviceRounds& d = *dev;
+  d.sampling = m.device_sampling;
+  if (d.sampling) d.enable_sampling(be);
+  d.pen_on = m.device_sampling && std::any_of(rows.begin(), rows.end(), [](const Row* r) {
+               return r->request.params.has_penalties();
+             });
+  if (d.pen_on) {
+    const int64_t per_row = target.max_context() + max_k + 2;
+    d.enable_penalties(be, static_cast<int64_t>(max_rows) * per_row);
+  }
+  return d;
+}
+
+// Emits one token for `r`; returns false once the row is finished.
+bool Engine::State::emit(Row& r, int32_t token) {
+  const SamplingParams& p = r.request.params;
+  r.history.push_back(token);
+  r.result.tokens.push_back(token);
+  ++r.result.stats.generated_tokens;
+  if (std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), token) !=
+      p.stop_token_ids.end()) {
+    r.result.finish_reason = "stop";
+    r.done = true;
+  } else if (static_cast<int>(r.result.tokens.size()) >= p.max_tokens) {
+    r.done = true;
+  }
+  return !r.done;
+}
+
+// A token the device could not sample (its distribution held a NaN or no mass).
+void Engine::State::check_sampled(const Row& r, int32_t token) const {
+  if (token < 0 || token >= V) {
+    fail(
+        "request {}: sampling on {} failed: the distribution has a NaN, an infinity or no mass "
+        "(non-finite logits?)",
+        r.id, be.name());
+  }
+}
+
+// Device outputs are read back into `staging` (grown, never shrunk).
+const float* Engine::State::on_host(const Tensor& t, std::vector<float>* staging) {
+  if (t.device().is_cpu()) return t.data_as<const float>();
+  if (staging->size() < static_cast<size_t>(t.numel()))
+    staging->resize(static_cast<size_t>(t.numel()));
+  be.download(t, staging->data());
+  return staging->data();
+}
+
+const int32_t* Engine::State::device_argmax(const Tensor& logits) {
+  const int64_t n = logits.dim(0);
+  if (argmax_buffer.size() < static_cast<size_t>(n) * sizeof(int32_t)) {
+    argmax_buffer = DeviceBuffer(be, static_cast<size_t>(2 * n) * sizeof(int32_t));
+    argmax_host.resize(static_cast<size_t>(2 * n));
+  }
+  const Tensor ids = argmax_buffer.view(DType::kI32, {n});
+  be.argmax_rows(logits, ids);
+  be.download(ids, argmax_host.data());
+  return argmax_host.data();
+}
+
+// Device sampling: process the window rows' logits in place into p (params
+// from the window section), then accept per row; `n_rows` windows given by
+// idx's row offsets; results in `accepted`. `tokens`: i32 [window].
+void Engine::State::device_accept(const Tensor& logits, const Tensor& tokens, int64_t n_rows) {
+  DeviceRounds& d = *dev;
+  const int64_t window = logits.dim(0);
+  if (d.penalties()) be.apply_penalties_rows(d.penalty_rows(logits, d.window_at()));
+  be.process_logits_rows(logits, d.params_slice(d.window_at(), window), logits);
+  be.speculative_accept_rows({.p = logits,
+                              .q = d.q_all(),
+                              .tokens = tokens,
+                              .q_rows = d.idx_slice(d.q_rows_at(), window),
+                              .uniforms = d.uniforms_slice(d.window_at(), window),
+                              .row_begin = d.idx_slice(d.row_begin_at(), n_rows + 1),
+                              .out = d.accepted(n_rows)});
+}
+
+// ---------------------------------------------------------------------------
+// Drafter inputs
+
+// Copies rows src_rows of `src` into region `region` of the hidden store
+// (row j of `rows` to store row region·max_rows + j).
+void Engine::State::store_hiddens(const Tensor& src, std::span<Row* const> rows,
+                                  std::span<const int64_t> src_rows, int64_t region) {
+  const auto n = static_cast<int64_t>(rows.size());
+  if (n == 0) return;
+  const int64_t at = region * max_rows;
+  for (int64_t j = 0; j < n; ++j) {
+    hidden_idx_host[static_cast<size_t>(at + j)] = static_cast<int32_t>(src_rows[static_cast<size_t>(j)]);
+  }
+  const Tensor idx =
+      hidden_idx.view(DType::kI32, {3 * max_rows}).slice_rows(at, at + n);
+  be.upload_async(hidden_idx_host.data() + at, idx);
+  const Tensor store = hidden_store.view(DType::kF32, {3 * max_rows, H});
+  be.gather_rows(src, idx, store.slice_rows(at, at + n));
+  for (int64_t j = 0; j < n; ++j) {
+    rows[static_cast<size_t>(j)]->hidden_at = HiddenAt::kStore;
+    rows[static_cast<size_t>(j)]->hidden_index = at + j;
+  }
+}
+
+// Before a forward that would overwrite the last output: rows whose hidden is
+// still there move it to the store (region 0).
+void Engine::State::spill_last_output() {
+  if (!last_hidden_valid) return;
+  last_hidden_valid = false;
+  spill_rows.clear();
+  spill_src.clear();
+  for (Row* r : running) {
+    if (r->hidden_at != HiddenAt::kLastOutput) continue;
+    spill_rows.push_back(r);
+    spill_src.push_back(r->hidden_index);
+  }
+  store_hiddens(last_hidden, spill_rows, spill_src, 0);
+}
+
+// Brings every active row's hidden where this round's step 0 reads it: for a
+// device round, one tensor (the last output when every row is still there,
+// else the store) that `round_hidden_src` names; for a host round, each row's
+// host copy.
+void Engine::State::prepare_round_hiddens(bool dev_round) {
+  if (!drafter) return;
+  if (!dev_round) {
+    for (Row* r : active) {
+      if (r->hidden_at == HiddenAt::kHost) continue;
+      SPECULA_CHECK(r->hidden_at != HiddenAt::kLastOutput || last_hidden_valid,
+                    "request {}: its hidden is in an overwritten output", r->id);
+      const Tensor src = r->hidden_at == HiddenAt::kLastOutput
+                             ? last_hidden
+                             : hidden_store.view(DType::kF32, {3 * max_rows, H});
+      be.download(src.slice_rows(r->hidden_index, r->hidden_index + 1), r->hidden.data());
+      r->hidden_at = HiddenAt::kHost;
+    }
+    return;
+  }
+  const bool all_last = last_hidden_valid && std::all_of(active.begin(), active.end(), [](const Row* r) {
+                          return r->hidden_at == HiddenAt::kLastOutput;
+                        });
+  if (all_last) {
+    round_hidden_src = last_hidden;
+    return;
+  }
+  spill_last_output();
+  const Tensor store = hidden_store.view(DType::kF32, {3 * max_rows, H});
+  for (size_t a = 0; a < active.size(); ++a) {
+    Row& r = *active[a];
+    if (r.hidden_at != HiddenAt::kHost) continue;
+    const int64_t at = 2 * max_rows + static_cast<int64_t>(a);
+    be.upload_async(r.hidden.data(), store.slice_rows(at, at + 1));
+    r.hidden_at = HiddenAt::kStore;
+    r.hidden_index = at;
+  }
+  round_hidden_src = store;
+}
+
+// ---------------------------------------------------------------------------
+// Prefill
+
+// Prefills chunks of the admitted prompts in arrival order, within `budget`
+// tokens (< 0: no limit), in one forward; returns the tokens prefilled.
+int64_t Engine::State::prefill(int64_t budget) {
+  prefill_rows.clear();
+  prefill_take.clear();
+  int64_t used = 0;
+  for (Row* r : running) {
+    if (r->decoding || r->done) continue;
+    const int64_t left = static_cast<int64_t>(r->request.prompt.size()) - r->prefilled;
+    const int64_t take = budget < 0 ? left : std::min(left, budget - used);
+    if (take <= 0) break;
+    prefill_rows.push_back(r);
+    prefill_take.push_back(take);
+    used += take;
+  }
+  if (prefill_rows.empty()) return 0;
+  spill_last_output();
+  fwd.clear();
+  bool any_final = false;
+  for (size_t i = 0; i < prefill_rows.size(); ++i) {
+    Row& r = *prefill_rows[i];
+    const auto begin = static_cast<size_t>(r.prefilled);
+    fwd.push_back({.kv = &*r.kv,
+                   .tokens = std::span<const int32_t>(r.request.prompt.data() + begin,
+                                                      static_cast<size_t>(prefill_take[i])),
+                   .all_logits = false});
+    any_final |= r.prefilled + prefill_take[i] == static_cast<int64_t>(r.request.prompt.size());
+  }
+  // Prefill may take the backend's fast path (ForwardOptions::prefill): on
+  // the CPU it is the batch-invariant path itself.
+  const gemma4::ForwardOutput& out =
+      target.forward(fwd, {.compute_logits = any_final, .prefill = true});
+  last_hidden = out.hidden;
+  for (size_t i = 0; i < prefill_rows.size(); ++i) {
+    Row& r = *prefill_rows[i];
+    r.prefilled += prefill_take[i];
+    ++r.result.stats.target_forwards;
+  }
+  if (any_final) first_tokens(out, prefill_rows, prefill_take);
+  return used;
+}
+
+// The first token of every row whose prompt the forward `out` completed
+// (rows[i] owns output row i), and the drafter input it came with.
+void Engine::State::first_tokens(const gemma4::ForwardOutput& out, std::span<Row* const> rows,
+                                 std::span<const int64_t> take) {
+  std::vector<Row*>& finals = final_rows;
+  finals.clear();
+  for (Row* r : rows) {
+    if (r->prefilled == static_cast<int64_t>(r->request.prompt.size())) finals.push_back(r);
+  }
+  const Modes m = modes_for(finals);
+  const auto n = static_cast<int64_t>(rows.size());
+  const int32_t* ids = nullptr;
+  const int32_t* sampled = nullptr;
+  if (m.device_greedy) {
+    ids = device_argmax(out.logits);
+  } else if (m.device_sampling) {
+    // One window row per forward row (its last), k = 0: plain sampling from p.
+    // Rows whose prompt is not complete take the argmax and draw nothing.
+    DeviceRounds& d = device_rounds(m, finals);
+    int32_t* row_begin = d.host_idx.data() + d.row_begin_at();
+    for (int64_t i = 0; i <= n; ++i) row_begin[i] = static_cast<int32_t>(i);
+    d.pen_lists = 0;
+    static const SamplingParams kGreedy{.temperature = 0.0f};
+    for (int64_t i = 0; i < n; ++i) {
+      Row& r = *rows[static_cast<size_t>(i)];
+      const bool final = r.prefilled == static_cast<int64_t>(r.request.prompt.size());
+      const SamplingParams& p = final ? r.request.params : kGreedy;
+      if (final) {
+        d.stage_sample(d.window_at() + i, r.rng, row_sampling_of(p));
+      } else {
+        d.host_uniforms[static_cast<size_t>(d.window_at() + i)] = 0;
+        d.host_params[static_cast<size_t>(d.window_at() + i)] = row_sampling_of(p);
+      }
+      if (d.penalties()) {
+        const int32_t list = d.stage_list(r.penalty_list, r.history, r.request.prompt.size(), p);
+        d.stage_penalty_row(d.window_at() + i, list, p, {});
+      }
+    }
+    be.upload_async(d.host_idx.data(), d.idx_slice(0, d.idx_size()));
+    d.upload_sampling(be);
+    if (d.penalties()) d.upload_penalties(be);
+    device_accept(out.logits, d.ids_slice(0, n), n);
+    be.download(d.accepted(n), d.host_ids.data());
+    sampled = d.host_ids.data();  // {accepted = 0, token} per forward row
+  }
+  const float* logits = m.device_greedy || m.device_sampling ? nullptr : on_host(out.logits, &logits_host);
+  const bool hidden_on_host = drafter && !device_drafter;
+  const float* hidden = hidden_on_host ? on_host(out.hidden, &hidden_host) : nullptr;
+  const auto now = Clock::now();
+  spill_src.clear();
+  for (int64_t i = 0; i < n; ++i) {
+    Row& r = *rows[static_cast<size_t>(i)];
+    if (r.prefilled != static_cast<int64_t>(r.request.prompt.size())) continue;
+    if (m.device_greedy) {
+      r.pending = ids[i];
+    } else if (m.device_sampling) {
+      r.pending = sampled[2 * i + 1];
+      check_sampled(r, r.pending);
+    } else {
+      std::span<const float> row_logits(logits + i * V, static_cast<size_t>(V));
+      r.pending = sample_token(row_logits, r.history_view(), r.request.params, ws, r.rng);
+    }
+    if (hidden_on_host) {
+      std::memcpy(r.hidden.data(), hidden + i * H, static_cast<size_t>(H) * sizeof(float));
+      r.hidden_at = HiddenAt::kHost;
+    }
+    spill_src.push_back(out.row_out_begin[static_cast<size_t>(i)]);
+    r.decoding = true;
+    r.t_first_token = now;
+    r.result.stats.prefill_seconds = seconds_between(r.t_admitted, now);
+    emit(r, r.pending);
+  }
+  (void)take;
+  if (drafter && device_drafter) store_hiddens(out.hidden, finals, spill_src, 1);
+}
+
+// ---------------------------------------------------------------------------
+// Rounds
+
+// Tokens the next round verifies: one window of 1 + k per decoding row.
+int64_t Engine::State::round_tokens() const {
+  int64_t n = 0;
+  for (const Row* r : running) {
+    if (!r->decoding || r->done) continue;
+    const int remaining = r->request.params.max_tokens - static_cast<int>(r->result.tokens.size());
+    n += 1 + std::max(0, std::min(r->k, remaining - 1));
+  }
+  return n;
+}
+
+void Engine::State::run_round() {
+  active.clear();
+  for (Row* r : running) {
+    if (r->decoding && !r->done) active.push_back(r);
+  }
+  if (active.empty()) return;
+  const Modes m = modes_for(active);
+  // Draft length per row: never past max_tokens (the round emits k + 1 at most).
+  int round_k = 0;  // the longest draft of this round
+  for (Row* r : active) {
+    const int remaining = r->request.params.max_tokens - static_cast<int>(r->result.tokens.size());
+    r->k_round = drafter ? std::max(0, std::min(r->k, remaining - 1)) : 0;
+    r->drafts.clear();
+    round_k = std::max(round_k, r->k_round);
+  }
+  if (m.use_dev) device_rounds(m, active);
+  prepare_round_hiddens(m.use_dev);
+  if (!m.use_dev) {
+    for (Row* r : active) {
+      if (r->request.params.greedy()) continue;
+      r->round_u.clear();
+      for (int j = 0; j < 2 * r->k_round + 1; ++j) r->round_u.push_back(r->rng.uniform());
+    }
+  }
+  if (m.use_dev) {
+    plan_device_round(round_k);
+    draft_on_device(round_k);
+  } else if (drafter) {
+    draft_on_host(m);
+  }
+  accept(verify(m), m);
+}
+
+Engine::Engine(gemma4::Gemma4Model& target, Drafter* drafter, const EngineOptions& options)
+    : state_(std::make_unique<State>(target, drafter, options)) {
+  state_->configure();
+}
+
+Engine::~Engine() = default;
+
+Submission Engine::submit(DecodeRequest request) {
+  State& s = *state_;
+  std::string error = s.check_request(request);
+  if (error.empty() && static_cast<int>(s.waiting.size()) >= s.options.max_waiting) {
+    error = fmt::format("the queue is full ({} requests waiting)", s.waiting.size());
+  }
+  if (!error.empty()) return {.id = -1, .error = std::move(error)};
+  const int64_t id = s.next_id++;
+  s.waiting.emplace_back(id, std::move(request));
+  return {.id = id, .error = {}};
+}
+
+bool Engine::cancel(int64_t id) {
+  State& s = *state_;
+  for (auto it = s.waiting.begin(); it != s.waiting.end(); ++it) {
+    if (it->first != id) continue;
+    auto row = std::make_unique<Row>();
+    row->id = id;
+    row->result.finish_reason = "cancelled";
+    row->result.stats.prompt_tokens = static_cast<int64_t>(it->second.prompt.size());
+    s.waiting.erase(it);
+    s.cancelled_waiting.push_back(std::move(row));
+    return true;
+  }
+  for (Row* r : s.running) {
+    if (r->id != id || r->done) continue;
+    r->done = true;
+    r->result.finish_reason = "cancelled";
+    r->kv.reset();  // the pool gets the cache back now
+    return true;
+  }
+  return false;
+}
+
+std::span<const RequestUpdate> Engine::step() {
+  State& s = *state_;
+  s.updates.clear();
+  s.ended.clear();
+  s.admit();
+  int64_t budget = s.options.max_batch_tokens > 0 ? s.options.max_batch_tokens : -1;
+  // Running rows come first: their round takes its tokens from the budget,
+  // prefill chunks what is left.
+  if (budget >= 0) budget = std::max<int64_t>(0, budget - s.round_tokens());
+  s.run_round();
+  s.prefill(budget);
+  s.finish_step();
+  return s.updates;
+}
+
+bool Engine::has_work() const {
+  const State& s = *state_;
+  return !s.waiting.empty() || !s.running.empty() || !s.cancelled_waiting.empty();
+}
+
+KvPoolInfo Engine::kv_pool() const {
+  const State& s = *state_;
+  KvPoolInfo info;
+  info.bytes_per_row = s.row_bytes;
+  info.max_rows = s.max_rows;
+  info.capacity_bytes = s.row_bytes * s.max_rows;
+  for (const Row* r : s.running) {
+    if (!r->kv) continue;
+    ++info.rows_in_use;
+    info.tokens_in_use += r->kv->length();
+  }
+  info.waiting = static_cast<int>(s.waiting.size());
+  return info;
+}
+
+int Engine::max_draft_tokens() const { return state_->max_k; }
+
+}  // namespace specula::speculative

@@ -1,0 +1,177 @@
+// SPDX-License-Identifier: Apache-2.0
+// The engine's state (internal to engine.cpp and engine_round.cpp): the rows
+// it owns, the device round buffers, the drafter inputs kept across forwards,
+// and the scratch reused by every step.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "engine/sampling/penalty_list.h"
+#include "engine/sampling/rng.h"
+#include "engine/sampling/sampler.h"
+#include "engine/speculative/device_rounds.h"
+#include "engine/speculative/engine.h"
+
+namespace specula::speculative {
+
+using Clock = std::chrono::steady_clock;
+inline double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Where a decoding row's drafter input (the target's post-norm hidden that
+// produced its pending token) is: a row of the last target forward's output
+// (valid until the next forward), a row of the engine's hidden store, or the
+// row's own host copy.
+enum class HiddenAt { kNone, kLastOutput, kStore, kHost };
+
+// Everything the engine keeps per request.
+struct Row {
+  int64_t id = -1;
+  size_t slot = 0;  // index in State::slots; DraftRow::request
+  DecodeRequest request;
+  std::optional<SequenceKv> kv;  // reset when the row finishes: the pool gets it back at once
+  Rng rng;
+  // prompt + generated (+ the drafts of the current round on the host path, popped after)
+  std::vector<int32_t> history;
+  int64_t prefilled = 0;  // prompt tokens in the cache
+  bool decoding = false;  // prompt prefilled and first token emitted
+  int32_t pending = 0;    // emitted, not yet in the target cache
+  HiddenAt hidden_at = HiddenAt::kNone;
+  int64_t hidden_index = 0;   // row of the last output or of the store
+  std::vector<float> hidden;  // HiddenAt::kHost: f32 [H]
+  int k = 0;                  // draft length of the next round
+  int k_round = 0;            // draft length of the current round
+  std::vector<int32_t> drafts;  // [k_round]
+  std::vector<float> q;         // [max_k, V] processed proposals (host-sampled rows)
+  // Host sampling: the round's uniforms, drawn at its start in the order device
+  // rounds draw them (one per draft, then one per window row), so that both
+  // paths turn one seed into the same tokens.
+  std::vector<double> round_u;
+  PenaltyList penalty_list;  // device penalties only
+  bool done = false;
+  DecodeResult result;
+  size_t reported = 0;  // tokens already reported in updates
+  Clock::time_point t_admitted, t_first_token;
+
+  TokenHistory history_view() const {
+    return TokenHistory{.tokens = history, .num_prompt = request.prompt.size()};
+  }
+};
+
+// How one forward's rows choose their tokens (see decoder.h).
+struct Modes {
+  bool device_greedy = false;    // argmax on the backend, ids read back
+  bool device_sampling = false;  // the whole sampling pipeline on the backend
+  bool use_dev = false;          // through DeviceRounds
+};
+
+
+struct Engine::State {
+  State(gemma4::Gemma4Model& t, Drafter* d, const EngineOptions& o)
+      : target(t),
+        drafter(d),
+        options(o),
+        be(t.backend()),
+        V(t.config().vocab_size),
+        H(t.config().hidden_size),
+        ws(V),
+        ws_draft(V),
+        residual(static_cast<size_t>(V)) {}
+
+  gemma4::Gemma4Model& target;
+  Drafter* drafter;
+  EngineOptions options;
+  Backend& be;
+  const int64_t V, H;
+  int max_k = 0;
+  int max_rows = 0;
+  int64_t row_bytes = 0;
+  // Whether rounds may keep their tokens on the device (no drafter, or one
+  // that takes device inputs, unless host rounds are asked for).
+  bool device_drafter = true;
+
+  int64_t next_id = 0;
+  std::deque<std::pair<int64_t, DecodeRequest>> waiting;
+  std::vector<std::unique_ptr<Row>> slots;  // [max_rows]; null = free
+  std::vector<Row*> running;                // admitted rows, in admission order
+  // Rows that finished or were cancelled in the last step: their updates'
+  // views point into them until the next step.
+  std::vector<std::unique_ptr<Row>> ended;
+  std::vector<std::unique_ptr<Row>> cancelled_waiting;  // reported with the next step
+  std::vector<RequestUpdate> updates;
+
+  std::optional<DeviceRounds> dev;
+  // Drafter inputs kept across forwards, f32 [3·max_rows, H]: rows spilled
+  // from the last output before another forward, rows of finished prefills,
+  // host copies uploaded for a device round (a region of max_rows each).
+  DeviceBuffer hidden_store;
+  DeviceBuffer hidden_idx;  // i32 [3·max_rows]
+  std::vector<int32_t> hidden_idx_host;
+  Tensor last_hidden;  // the last target forward's hidden output
+  bool last_hidden_valid = false;
+  Tensor round_hidden_src;  // where this round's step 0 gathers its hiddens from
+
+  SamplingWorkspace ws, ws_draft;
+  std::vector<float> residual;
+  std::vector<float> logits_host, hidden_host, draft_logits_host;
+  DeviceBuffer argmax_buffer;
+  std::vector<int32_t> argmax_host;
+
+  // Round scratch, reused.
+  std::vector<Row*> active;
+  std::vector<DraftRow> draft_rows;
+  std::vector<Row*> draft_owner;
+  std::vector<int32_t> verify_tokens;
+  std::vector<gemma4::ForwardRow> fwd;
+  std::vector<int64_t> pos0;
+  std::vector<int64_t> row_slots;     // device rounds: [active, max_k] row index within step s
+  std::vector<int64_t> step_rows;     // device rounds: rows of step s
+  std::vector<int32_t> draft_at_ids;  // device penalties: a row's drafts so far, in `ids`
+  std::vector<uint8_t> step_gathered;
+  std::vector<Row*> prefill_rows;
+  std::vector<int64_t> prefill_take;
+  std::vector<Row*> spill_rows, final_rows;
+  std::vector<int64_t> spill_src;
+
+  // ---- setup and bookkeeping ----
+  void configure();
+  std::string check_request(const DecodeRequest& r) const;
+  void admit();
+  Row& admit_one(int64_t id, DecodeRequest&& request);
+  void finish_step();
+  Modes modes_for(std::span<Row* const> rows) const;
+  DeviceRounds& device_rounds(const Modes& m, std::span<Row* const> rows);
+  bool emit(Row& r, int32_t token);
+  void check_sampled(const Row& r, int32_t token) const;
+  const float* on_host(const Tensor& t, std::vector<float>* staging);
+  const int32_t* device_argmax(const Tensor& logits);
+  void device_accept(const Tensor& logits, const Tensor& tokens, int64_t n_rows);
+
+  // ---- drafter inputs ----
+  void spill_last_output();
+  void store_hiddens(const Tensor& src, std::span<Row* const> rows,
+                     std::span<const int64_t> src_rows, int64_t region);
+  void prepare_round_hiddens(bool dev_round);
+
+  // ---- prefill ----
+  int64_t prefill(int64_t budget);
+  void first_tokens(const gemma4::ForwardOutput& out, std::span<Row* const> rows,
+                    std::span<const int64_t> take);
+
+  // ---- rounds ----
+  int64_t round_tokens() const;
+  void run_round();
+  void plan_device_round(int round_k);
+  void draft_on_device(int round_k);
+  void draft_on_host(const Modes& m);
+  const gemma4::ForwardOutput& verify(const Modes& m);
+  void accept(const gemma4::ForwardOutput& out, const Modes& m);
+};
+
+
+}  // namespace specula::speculative
