@@ -52,9 +52,16 @@ void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft) {
                   kDefaultTarget));
   if (with_draft) {
     cmd->add_option("--draft,-d", args.draft,
-                    "Assistant drafter checkpoint: turns speculative decoding on (default: the "
-                    "embedded drafter "
-                    "when the model is the embedded default)");
+                    "Drafter: an assistant checkpoint directory, or 'ngram' (prompt lookup: "
+                    "drafts what followed the latest earlier match of the last tokens; no model). "
+                    "Turns speculative decoding on (default: the embedded drafter when the model "
+                    "is the embedded default)");
+    cmd->add_option("--prompt-lookup-min", args.prompt_lookup_min,
+                    "--draft ngram: the shortest suffix matched, in tokens")
+        ->capture_default_str();
+    cmd->add_option("--prompt-lookup-max", args.prompt_lookup_max,
+                    "--draft ngram: the longest suffix matched, in tokens")
+        ->capture_default_str();
     cmd->add_flag("--no-draft", args.no_draft,
                   "Decode without speculation even when a drafter is available");
   }
@@ -96,7 +103,15 @@ LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_token
   if (with_draft && !args.no_draft) {
     m.draft_dir = args.draft;
     if (m.draft_dir.empty() && is_default) m.draft_dir = models_root() + "/" + kDefaultDrafter;
-    if (!m.draft_dir.empty()) {
+    if (m.draft_dir == "ngram") {
+      m.draft_source = std::make_unique<ngram::NgramDrafter>(
+          c.vocab_size,
+          ngram::NgramOptions{.min_n = args.prompt_lookup_min, .max_n = args.prompt_lookup_max});
+      if (!quiet) {
+        fmt::print(stderr, "drafter: ngram (prompt lookup, suffixes of {}..{} tokens)\n",
+                   args.prompt_lookup_min, args.prompt_lookup_max);
+      }
+    } else if (!m.draft_dir.empty()) {
       auto t1 = std::chrono::steady_clock::now();
       m.drafter = assistant::AssistantDrafter::load(m.draft_dir, c, m.target->backend());
       m.draft_source = std::make_unique<assistant::AssistantDraftSource>(*m.target, *m.drafter);

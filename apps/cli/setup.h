@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/draft/assistant/assistant_drafter.h"
+#include "engine/draft/ngram/ngram_drafter.h"
 #include "engine/model/gemma4/gemma4.h"
 #include "engine/sampling/sampling_params.h"
 #include "engine/speculative/decoder.h"
@@ -20,7 +21,11 @@ namespace specula::cli {
 
 struct ModelArgs {
   std::string model;  // empty: the embedded default
-  std::string draft;  // empty: the default's drafter when the model is the default
+  // Assistant checkpoint directory, or "ngram" (prompt lookup, no model); empty:
+  // the default's drafter when the model is the default.
+  std::string draft;
+  int prompt_lookup_min = 1;  // --draft ngram: shortest suffix matched
+  int prompt_lookup_max = 4;  // --draft ngram: longest suffix matched
   bool no_draft = false;
   std::string tokenizer;  // empty: the model directory
   int64_t ctx_size = 4096;
@@ -35,7 +40,7 @@ Device parse_device(const std::string& text);
 struct LoadedModels {
   std::unique_ptr<gemma4::Gemma4Model> target;
   std::unique_ptr<assistant::AssistantDrafter> drafter;
-  std::unique_ptr<assistant::AssistantDraftSource> draft_source;
+  std::unique_ptr<Drafter> draft_source;  // the assistant's, or the ngram drafter
   std::optional<Tokenizer> tokenizer;
   std::string model_dir, draft_dir;
 };

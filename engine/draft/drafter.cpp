@@ -13,4 +13,8 @@ Tensor Drafter::step_on_device(int step_index, std::span<const DraftRow> /*rows*
       step_index);
 }
 
+int Drafter::propose(const DraftRow& /*row*/, std::span<int32_t> /*out*/) {
+  fail("this drafter proposes no token ids (proposes_tokens() is false)");
+}
+
 }  // namespace specula

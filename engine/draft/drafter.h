@@ -16,13 +16,15 @@
 namespace specula {
 
 struct DraftRow {
-  int request = 0;       // stable id of the sequence (index into the decoder's requests)
+  int request = 0;       // stable id of the sequence while it runs (the engine's row slot)
   int32_t token = 0;     // the token to extend: the pending token at step 0, then the last draft
   int32_t position = 0;  // position of the pending token (constant within a round)
   SequenceKv* target_kv = nullptr;  // the target's cache of this sequence (positions < position)
   // Step 0 only: the target's post-final-norm hidden that produced the pending token, f32
   // [H_target].
   const float* target_hidden = nullptr;
+  // The sequence so far: prompt, generated tokens, and last the pending token.
+  std::span<const int32_t> history;
 };
 
 // A step's inputs that are already on the drafter's device, so that a greedy
@@ -41,6 +43,16 @@ class Drafter {
   // One draft step for `rows` (a subset of the rows of step 0, in the same order).
   // Returns proposal logits f32 [rows.size(), V], valid until the next call.
   virtual Tensor step(int step_index, std::span<const DraftRow> rows) = 0;
+  // Whether this drafter proposes token ids (propose()) rather than scores
+  // (step()): model-free drafters. The verifier treats a proposed token as a
+  // draft drawn from a point mass (q = 1 at the token), which keeps
+  // speculative sampling exact.
+  virtual bool proposes_tokens() const { return false; }
+  // Up to out.size() draft tokens for `row` (row.history ends with its pending
+  // token), written to out; returns how many (0: nothing to propose). Depends
+  // only on the row's own history, so a request's drafts never depend on the
+  // other rows.
+  virtual int propose(const DraftRow& row, std::span<int32_t> out);
   // Whether step_on_device() is implemented.
   virtual bool takes_device_inputs() const { return false; }
   // As step(step_index, rows), reading each row's token (and, at step 0, its

@@ -56,6 +56,7 @@ void Engine::State::configure() {
     }
   }
   device_drafter = drafter == nullptr || (drafter->takes_device_inputs() && !o.modes.host_rounds);
+  needs_hidden = drafter != nullptr && !drafter->proposes_tokens();
 
   row_bytes = row_bytes_of(target.kv_spec());
   max_rows = o.max_rows;
@@ -83,7 +84,7 @@ void Engine::State::configure() {
   prefill_rows.reserve(static_cast<size_t>(max_rows));
   prefill_take.reserve(static_cast<size_t>(max_rows));
   draft_at_ids.reserve(static_cast<size_t>(max_k));
-  if (drafter && device_drafter) {
+  if (needs_hidden && device_drafter) {
     hidden_store = DeviceBuffer(be, static_cast<size_t>(3 * max_rows * H) * sizeof(float));
     hidden_idx = DeviceBuffer(be, static_cast<size_t>(3 * max_rows) * sizeof(int32_t));
     hidden_idx_host.resize(static_cast<size_t>(3 * max_rows));
@@ -109,7 +110,8 @@ std::string Engine::State::check_request(const DecodeRequest& r) const {
         "prompt of {} tokens plus max_tokens {} exceeds the context size of {} tokens",
         r.prompt.size(), r.params.max_tokens, ctx);
   }
-  if (r.draft_tokens < -1 || r.draft_tokens > max_k) {
+  // Without a drafter there is nothing to draft with: any setting means none.
+  if (drafter && (r.draft_tokens < -1 || r.draft_tokens > max_k)) {
     return fmt::format("draft_tokens {} is outside [-1, {}] (the engine's maximum draft length)",
                        r.draft_tokens, max_k);
   }
@@ -133,7 +135,7 @@ Row& Engine::State::admit_one(int64_t id, DecodeRequest&& req) {
   r.history.assign(r.request.prompt.begin(), r.request.prompt.end());
   if (drafter) {
     r.k = r.request.draft_tokens < 0 ? options.schedule.draft_tokens : r.request.draft_tokens;
-    r.hidden.resize(static_cast<size_t>(H));
+    if (needs_hidden) r.hidden.resize(static_cast<size_t>(H));
     r.drafts.reserve(static_cast<size_t>(max_k));
     r.round_u.reserve(static_cast<size_t>(2 * max_k + 1));
     // Host-sampled rounds keep each draft's distribution q.
@@ -331,7 +333,7 @@ void Engine::State::spill_last_output() {
 // else the store) that `round_hidden_src` names; for a host round, each row's
 // host copy.
 void Engine::State::prepare_round_hiddens(bool dev_round) {
-  if (!drafter) return;
+  if (!needs_hidden) return;
   if (!dev_round) {
     for (Row* r : active) {
       if (r->hidden_at == HiddenAt::kHost) continue;
@@ -456,7 +458,7 @@ void Engine::State::first_tokens(const gemma4::ForwardOutput& out, std::span<Row
     sampled = d.host_ids.data();  // {accepted = 0, token} per forward row
   }
   const float* logits = m.device_greedy || m.device_sampling ? nullptr : on_host(out.logits, &logits_host);
-  const bool hidden_on_host = drafter && !device_drafter;
+  const bool hidden_on_host = needs_hidden && !device_drafter;
   const float* hidden = hidden_on_host ? on_host(out.hidden, &hidden_host) : nullptr;
   const auto now = Clock::now();
   spill_src.clear();
@@ -483,7 +485,7 @@ void Engine::State::first_tokens(const gemma4::ForwardOutput& out, std::span<Row
     emit(r, r.pending);
   }
   (void)take;
-  if (drafter && device_drafter) store_hiddens(out.hidden, finals, spill_src, 1);
+  if (needs_hidden && device_drafter) store_hiddens(out.hidden, finals, spill_src, 1);
 }
 
 // ---------------------------------------------------------------------------
@@ -508,13 +510,16 @@ void Engine::State::run_round() {
   if (active.empty()) return;
   const Modes m = modes_for(active);
   // Draft length per row: never past max_tokens (the round emits k + 1 at most).
-  int round_k = 0;  // the longest draft of this round
   for (Row* r : active) {
     const int remaining = r->request.params.max_tokens - static_cast<int>(r->result.tokens.size());
     r->k_round = drafter ? std::max(0, std::min(r->k, remaining - 1)) : 0;
     r->drafts.clear();
-    round_k = std::max(round_k, r->k_round);
   }
+  // A token proposer may propose fewer (its drafts come first: the uniforms
+  // below are drawn per draft).
+  if (drafter && drafter->proposes_tokens()) propose_drafts();
+  int round_k = 0;  // the longest draft of this round
+  for (Row* r : active) round_k = std::max(round_k, r->k_round);
   if (m.use_dev) device_rounds(m, active);
   prepare_round_hiddens(m.use_dev);
   if (!m.use_dev) {
@@ -527,7 +532,7 @@ void Engine::State::run_round() {
   if (m.use_dev) {
     plan_device_round(round_k);
     draft_on_device(round_k);
-  } else if (drafter) {
+  } else if (drafter && !drafter->proposes_tokens()) {
     draft_on_host(m);
   }
   accept(verify(m), m);

@@ -91,7 +91,8 @@ void Engine::State::draft_on_device(int round_k) {
                             .token = 0,  // on the device
                             .position = static_cast<int32_t>(r->kv->length()),
                             .target_kv = &*r->kv,
-                            .target_hidden = nullptr});
+                            .target_hidden = nullptr,
+                            .history = r->history});
     }
     if (draft_rows.empty()) break;
     const auto n = static_cast<int64_t>(draft_rows.size());
@@ -134,12 +135,13 @@ void Engine::State::draft_on_host(const Modes& m) {
                             .token = s == 0 ? r->pending : r->drafts.back(),
                             .position = static_cast<int32_t>(r->kv->length()),
                             .target_kv = &*r->kv,
-                            .target_hidden = s == 0 ? r->hidden.data() : nullptr});
+                            .target_hidden = s == 0 ? r->hidden.data() : nullptr,
+                            .history = r->history});
       draft_owner.push_back(r);
     }
     if (draft_rows.empty()) break;
     const Tensor step_logits = drafter->step(s, draft_rows);
-    const bool on_device = m.device_greedy && !step_logits.device().is_cpu();
+    const bool on_device = m.device_greedy && step_logits.device() == be.device();
     const int32_t* draft_ids = on_device ? device_argmax(step_logits) : nullptr;
     const float* draft_logits = on_device ? nullptr : on_host(step_logits, &draft_logits_host);
     for (size_t b = 0; b < draft_owner.size(); ++b) {
@@ -163,6 +165,36 @@ void Engine::State::draft_on_host(const Modes& m) {
       }
       r.history.resize(r.history.size() - r.drafts.size());
       r.drafts.push_back(d);
+    }
+  }
+}
+
+// Token proposers: each row's drafts straight from the drafter (up to its
+// k_round, which becomes the count proposed). A sampled row's q is the point
+// mass at each draft, so the acceptance min(1, p/q) tests p(draft) and the
+// residual is p without the draft: exact speculative sampling.
+void Engine::State::propose_drafts() {
+  for (Row* r : active) {
+    if (r->k_round == 0) continue;
+    r->drafts.resize(static_cast<size_t>(r->k_round));
+    const DraftRow row{.request = static_cast<int>(r->slot),
+                       .token = r->pending,
+                       .position = static_cast<int32_t>(r->kv->length()),
+                       .target_kv = &*r->kv,
+                       .target_hidden = nullptr,
+                       .history = r->history};
+    const int n = drafter->propose(row, r->drafts);
+    SPECULA_CHECK(n >= 0 && n <= r->k_round, "the drafter proposed {} tokens, at most {} asked", n,
+                  r->k_round);
+    r->drafts.resize(static_cast<size_t>(n));
+    r->k_round = n;
+    for (int j = 0; j < n; ++j) {
+      const int32_t d = r->drafts[static_cast<size_t>(j)];
+      SPECULA_CHECK(d >= 0 && d < V, "the drafter proposed token {}, outside [0, {})", d, V);
+      if (r->request.params.greedy()) continue;
+      float* q = r->q.data() + static_cast<size_t>(j) * static_cast<size_t>(V);
+      std::fill(q, q + V, 0.0f);
+      q[d] = 1.0f;
     }
   }
 }
@@ -248,7 +280,8 @@ void Engine::State::accept(const gemma4::ForwardOutput& out, const Modes& m) {
   }
   const bool host_logits = !m.device_greedy && !m.device_sampling;
   const float* verify_logits = host_logits ? on_host(out.logits, &logits_host) : nullptr;
-  const float* verify_hidden = drafter && !m.use_dev ? on_host(out.hidden, &hidden_host) : nullptr;
+  const float* verify_hidden =
+      needs_hidden && !m.use_dev ? on_host(out.hidden, &hidden_host) : nullptr;
 
   for (size_t a = 0; a < active.size(); ++a) {
     Row& r = *active[a];
@@ -325,7 +358,7 @@ void Engine::State::accept(const gemma4::ForwardOutput& out, const Modes& m) {
       if (m.use_dev) {
         r.hidden_at = HiddenAt::kLastOutput;
         r.hidden_index = out0 + n;
-      } else if (drafter) {
+      } else if (needs_hidden) {
         std::memcpy(r.hidden.data(), verify_hidden + (out0 + n) * H,
                     static_cast<size_t>(H) * sizeof(float));
         r.hidden_at = HiddenAt::kHost;
@@ -335,7 +368,7 @@ void Engine::State::accept(const gemma4::ForwardOutput& out, const Modes& m) {
       r.k = n == k ? std::min(r.k + 2, options.schedule.max_draft_tokens) : std::max(1, r.k - 1);
     }
   }
-  last_hidden_valid = m.use_dev && drafter != nullptr;
+  last_hidden_valid = m.use_dev && needs_hidden;
 }
 
 }  // namespace specula::speculative

@@ -94,6 +94,9 @@ struct Engine::State {
   // Whether rounds may keep their tokens on the device (no drafter, or one
   // that takes device inputs, unless host rounds are asked for).
   bool device_drafter = true;
+  // Whether the drafter reads the target's hiddens (model drafters do;
+  // token proposers do not).
+  bool needs_hidden = false;
 
   int64_t next_id = 0;
   std::deque<std::pair<int64_t, DecodeRequest>> waiting;
@@ -169,6 +172,7 @@ struct Engine::State {
   void plan_device_round(int round_k);
   void draft_on_device(int round_k);
   void draft_on_host(const Modes& m);
+  void propose_drafts();
   const gemma4::ForwardOutput& verify(const Modes& m);
   void accept(const gemma4::ForwardOutput& out, const Modes& m);
 };
