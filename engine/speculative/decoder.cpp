@@ -57,7 +57,8 @@ std::vector<DecodeResult> decode(Engine& engine, std::span<const DecodeRequest> 
   std::vector<DecodeResult> results(requests.size());
   while (engine.has_work()) {
     for (const RequestUpdate& u : engine.step()) {
-      const auto i = static_cast<size_t>(std::lower_bound(ids.begin(), ids.end(), u.id) - ids.begin());
+      const auto i =
+          static_cast<size_t>(std::lower_bound(ids.begin(), ids.end(), u.id) - ids.begin());
       SPECULA_CHECK(i < ids.size() && ids[i] == u.id, "an update for unknown request id {}", u.id);
       DecodeResult& r = results[i];
       r.tokens.insert(r.tokens.end(), u.tokens.begin(), u.tokens.end());

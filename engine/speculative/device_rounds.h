@@ -225,7 +225,6 @@ struct DeviceRounds {
   }
 };
 
-
 inline RowSampling row_sampling_of(const SamplingParams& p) {
   return RowSampling{
       .temperature = p.temperature, .top_k = p.top_k, .top_p = p.top_p, .min_p = p.min_p};

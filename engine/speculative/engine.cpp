@@ -66,7 +66,8 @@ void Engine::State::configure() {
       const MemoryInfo mem = be.memory_info();
       budget *= static_cast<double>(mem.free_bytes);
     }
-    const auto rows = static_cast<int64_t>(budget / static_cast<double>(std::max<int64_t>(1, row_bytes)));
+    const auto rows =
+        static_cast<int64_t>(budget / static_cast<double>(std::max<int64_t>(1, row_bytes)));
     if (rows < 1) {
       fail("kv_memory of {:.0f} bytes holds no sequence: one needs {} bytes at a context of {}",
            budget, row_bytes, target.max_context());
@@ -189,8 +190,7 @@ void Engine::State::finish_step() {
       r->reported = n;
     }
     if (r->done) {
-      r->result.stats.decode_seconds =
-          r->decoding ? seconds_between(r->t_first_token, now) : 0.0;
+      r->result.stats.decode_seconds = r->decoding ? seconds_between(r->t_first_token, now) : 0.0;
       r->kv.reset();
       ended.push_back(std::move(slots[r->slot]));
     } else {
@@ -300,10 +300,10 @@ void Engine::State::store_hiddens(const Tensor& src, std::span<Row* const> rows,
   if (n == 0) return;
   const int64_t at = region * max_rows;
   for (int64_t j = 0; j < n; ++j) {
-    hidden_idx_host[static_cast<size_t>(at + j)] = static_cast<int32_t>(src_rows[static_cast<size_t>(j)]);
+    hidden_idx_host[static_cast<size_t>(at + j)] =
+        static_cast<int32_t>(src_rows[static_cast<size_t>(j)]);
   }
-  const Tensor idx =
-      hidden_idx.view(DType::kI32, {3 * max_rows}).slice_rows(at, at + n);
+  const Tensor idx = hidden_idx.view(DType::kI32, {3 * max_rows}).slice_rows(at, at + n);
   be.upload_async(hidden_idx_host.data() + at, idx);
   const Tensor store = hidden_store.view(DType::kF32, {3 * max_rows, H});
   be.gather_rows(src, idx, store.slice_rows(at, at + n));
@@ -347,9 +347,10 @@ void Engine::State::prepare_round_hiddens(bool dev_round) {
     }
     return;
   }
-  const bool all_last = last_hidden_valid && std::all_of(active.begin(), active.end(), [](const Row* r) {
-                          return r->hidden_at == HiddenAt::kLastOutput;
-                        });
+  const bool all_last =
+      last_hidden_valid && std::all_of(active.begin(), active.end(), [](const Row* r) {
+        return r->hidden_at == HiddenAt::kLastOutput;
+      });
   if (all_last) {
     round_hidden_src = last_hidden;
     return;
@@ -457,7 +458,8 @@ void Engine::State::first_tokens(const gemma4::ForwardOutput& out, std::span<Row
     be.download(d.accepted(n), d.host_ids.data());
     sampled = d.host_ids.data();  // {accepted = 0, token} per forward row
   }
-  const float* logits = m.device_greedy || m.device_sampling ? nullptr : on_host(out.logits, &logits_host);
+  const float* logits =
+      m.device_greedy || m.device_sampling ? nullptr : on_host(out.logits, &logits_host);
   const bool hidden_on_host = needs_hidden && !device_drafter;
   const float* hidden = hidden_on_host ? on_host(out.hidden, &hidden_host) : nullptr;
   const auto now = Clock::now();
@@ -614,6 +616,8 @@ KvPoolInfo Engine::kv_pool() const {
   return info;
 }
 
-int Engine::max_draft_tokens() const { return state_->max_k; }
+int Engine::max_draft_tokens() const {
+  return state_->max_k;
+}
 
 }  // namespace specula::speculative

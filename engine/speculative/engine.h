@@ -79,7 +79,7 @@ struct RequestUpdate {
   int64_t id = -1;
   std::span<const int32_t> tokens;
   bool finished = false;
-  std::string finish_reason;  // "length", "stop", "cancelled" (finished only)
+  std::string finish_reason;           // "length", "stop", "cancelled" (finished only)
   const DecodeStats* stats = nullptr;  // finished only
 };
 

@@ -46,7 +46,8 @@ void Engine::State::plan_device_round(int round_k) {
     q_rows[m] = 0;  // the pending token is no draft
     verify_idx[m++] = static_cast<int32_t>(a);
     for (int j = 0; j < r.k_round; ++j) {
-      verify_idx[m] = static_cast<int32_t>(d.draft_at(j) + row_slots[a * mk + static_cast<size_t>(j)]);
+      verify_idx[m] =
+          static_cast<int32_t>(d.draft_at(j) + row_slots[a * mk + static_cast<size_t>(j)]);
       q_rows[m] = static_cast<int32_t>(verify_idx[m] - d.B);  // step j's q row
       ++m;
     }

@@ -42,10 +42,10 @@ struct Row {
   bool decoding = false;  // prompt prefilled and first token emitted
   int32_t pending = 0;    // emitted, not yet in the target cache
   HiddenAt hidden_at = HiddenAt::kNone;
-  int64_t hidden_index = 0;   // row of the last output or of the store
-  std::vector<float> hidden;  // HiddenAt::kHost: f32 [H]
-  int k = 0;                  // draft length of the next round
-  int k_round = 0;            // draft length of the current round
+  int64_t hidden_index = 0;     // row of the last output or of the store
+  std::vector<float> hidden;    // HiddenAt::kHost: f32 [H]
+  int k = 0;                    // draft length of the next round
+  int k_round = 0;              // draft length of the current round
   std::vector<int32_t> drafts;  // [k_round]
   std::vector<float> q;         // [max_k, V] processed proposals (host-sampled rows)
   // Host sampling: the round's uniforms, drawn at its start in the order device
@@ -69,7 +69,6 @@ struct Modes {
   bool device_sampling = false;  // the whole sampling pipeline on the backend
   bool use_dev = false;          // through DeviceRounds
 };
-
 
 struct Engine::State {
   State(gemma4::Gemma4Model& t, Drafter* d, const EngineOptions& o)
@@ -176,6 +175,5 @@ struct Engine::State {
   const gemma4::ForwardOutput& verify(const Modes& m);
   void accept(const gemma4::ForwardOutput& out, const Modes& m);
 };
-
 
 }  // namespace specula::speculative

@@ -31,7 +31,8 @@ int propose_ngram(std::span<const int32_t> history, const NgramOptions& options,
 
 NgramDrafter::NgramDrafter(int64_t vocab_size, const NgramOptions& options)
     : vocab_size_(vocab_size), options_(options) {
-  if (options.min_n < 1) fail("ngram: min_n (--prompt-lookup-min) must be >= 1, got {}", options.min_n);
+  if (options.min_n < 1)
+    fail("ngram: min_n (--prompt-lookup-min) must be >= 1, got {}", options.min_n);
   if (options.max_n < options.min_n) {
     fail("ngram: max_n (--prompt-lookup-max) {} is below min_n {}", options.max_n, options.min_n);
   }

@@ -25,7 +25,9 @@ using speculative::DecodeResult;
 using speculative::Engine;
 using speculative::EngineOptions;
 
-std::string models_dir() { return std::string(SPECULA_SOURCE_DIR) + "/models"; }
+std::string models_dir() {
+  return std::string(SPECULA_SOURCE_DIR) + "/models";
+}
 
 // The embedded family: a trained target (its output varies with the prompt)
 // and its assistant, shared by every test here.
@@ -127,8 +129,10 @@ TEST_P(EngineUnderLoad, EveryRequestGetsItsTokensAlone) {
 
   std::mt19937 rng(11);
   std::vector<int> arrive(n), cancel_at(n, -1);
-  for (int i = 0; i < n; ++i) arrive[static_cast<size_t>(i)] = std::uniform_int_distribution<int>(0, 12)(rng);
-  for (int i : {3, 6}) cancel_at[static_cast<size_t>(i)] = arrive[static_cast<size_t>(i)] + 1 + i % 3;
+  for (int i = 0; i < n; ++i)
+    arrive[static_cast<size_t>(i)] = std::uniform_int_distribution<int>(0, 12)(rng);
+  for (int i : {3, 6})
+    cancel_at[static_cast<size_t>(i)] = arrive[static_cast<size_t>(i)] + 1 + i % 3;
 
   Engine engine(*target_, drafter,
                 {.schedule = schedule, .max_rows = 4, .max_batch_tokens = c.budget});
@@ -200,9 +204,9 @@ TEST_F(EngineTest, RoundModesGiveTheSameTokensUnderLoad) {
   for (const speculative::RoundModes modes :
        {speculative::RoundModes{}, speculative::RoundModes{.host_rounds = true},
         speculative::RoundModes{.host_sampling = true}}) {
-    Engine engine(*target_, assistant_,
-                  {.schedule = {.draft_tokens = 4}, .max_rows = 3, .max_batch_tokens = 24,
-                   .modes = modes});
+    Engine engine(
+        *target_, assistant_,
+        {.schedule = {.draft_tokens = 4}, .max_rows = 3, .max_batch_tokens = 24, .modes = modes});
     runs.push_back(speculative::decode(engine, reqs));
   }
   for (size_t m = 1; m < runs.size(); ++m) {
@@ -242,7 +246,8 @@ TEST_F(EngineTest, PoolAdmitsWhatFitsAndCancelFreesAtOnce) {
   EXPECT_FALSE(engine.cancel(12345));
   bool saw_cancelled = false;
   while (engine.has_work()) {
-    for (const auto& u : engine.step()) saw_cancelled |= u.finished && u.finish_reason == "cancelled";
+    for (const auto& u : engine.step())
+      saw_cancelled |= u.finished && u.finish_reason == "cancelled";
     EXPECT_LE(engine.kv_pool().rows_in_use, 2);
   }
   EXPECT_TRUE(saw_cancelled);
@@ -277,9 +282,8 @@ TEST_F(EngineTest, BadRequestsAreRefusedAsValues) {
 // continuation the target repeats too. Exact either way.
 TEST_F(EngineTest, NgramDraftsAreExactAndPayOnRepetition) {
   // "for i in range(10):\n    print(i)\n" three times (the last cut short).
-  const std::vector<int32_t> prompt = {2,    577, 4483, 1197, 487,  428,  3252, 342,
-                                       461,  577, 4483, 1197, 487,  428,  3252, 342,
-                                       461,  577, 4483, 1197, 278,  295};
+  const std::vector<int32_t> prompt = {2,    577, 4483, 1197, 487, 428, 3252, 342,  461,  577, 4483,
+                                       1197, 487, 428,  3252, 342, 461, 577,  4483, 1197, 278, 295};
   DecodeRequest r{.prompt = prompt};
   r.params.temperature = 0.0f;
   r.params.max_tokens = 64;

@@ -1,0 +1,87 @@
+// SPDX-License-Identifier: Apache-2.0
+// `specula bench`, shared by its parts: the arguments, timing helpers, model
+// setup (checkpoints or random weights of a released shape), and the three
+// programs it runs: the end-to-end decode table (bench_decode.cpp), the
+// continuous-arrival serving workload (bench_serving.cpp) and the --micro
+// forward timings (bench_micro.cpp).
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "apps/cli/setup.h"
+
+namespace specula::cli {
+
+struct BenchArgs {
+  ModelArgs model;
+  std::string prompt_file;
+  int prompt_tokens = 64;
+  int gen_tokens = 64;
+  std::vector<int> batches = {1};
+  bool batches_given = false;  // else --micro measures 1, 8, 32, 64
+  std::vector<int> draft_tokens = {1, 2, 4, 6};
+  bool json = false;
+  // Device and random-weight models.
+  std::string random_weights;  // preset name or config.json path
+  uint64_t seed = 1234;
+  std::string draft_head = "auto";  // head of a --draft random drafter (auto: as released)
+  // --micro: forward timings against the measured copy bandwidth and matrix peak.
+  bool micro = false;
+  int context = 512;
+  int prefill_tokens = 4096;
+  int verify_tokens = 5;
+  int reps = 10;
+  int64_t copy_mib = 2048;
+  int peak_size = 8192;
+  bool no_graphs = false;  // run every step directly (no CUDA graphs)
+  // Sampling of the end-to-end rows (temperature 0: greedy); request i is seeded with i.
+  float temperature = 0.0f;
+  float top_p = 1.0f;
+  int top_k = 0;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  bool host_sampling = false;  // logits read back, sampled on the host (A/B)
+  // Dump a preset's config.json and exit.
+  std::string print_preset_config, print_assistant_config;
+};
+
+inline constexpr char kRandomDraft[] = "random";
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+double median(std::vector<double> v);
+// Wall time of f() with the device drained before and after, so queued work
+// of earlier calls is not billed to it and its own work is.
+template <typename F>
+double timed(Backend& be, F&& f) {
+  be.synchronize();
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  be.synchronize();
+  return seconds_since(t0);
+}
+
+// Deterministic pseudo-random token ids in [3, V) (avoiding pad/eos/bos).
+std::vector<int32_t> random_ids(int64_t n, int vocab, uint64_t* state);
+// Prompts of `len` tokens: consecutive windows of the tokenized file, or
+// deterministic pseudo-random ids when no file is given.
+std::vector<std::vector<int32_t>> make_prompts(const BenchArgs& a, const LoadedModels& m,
+                                               int count);
+// The target (and drafter) the arguments ask for, on `device`.
+LoadedModels load_bench_models(const BenchArgs& a, Device device);
+
+// Plain and speculative decoding per batch size and draft length: prints the
+// table (unless json) and returns its rows.
+nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
+                            const std::vector<int>& batches);
+// The --micro timings and goals: prints them (unless json) and returns them.
+nlohmann::json run_micro(const BenchArgs& a, LoadedModels& m);
+
+}  // namespace specula::cli

@@ -1,0 +1,113 @@
+// SPDX-License-Identifier: Apache-2.0
+// `specula bench`: plain vs speculative decoding on the same prompts, per batch
+// size and draft length, through the engine.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include <unistd.h>
+
+#include "apps/cli/bench.h"
+#include "apps/cli/commands.h"
+#include "apps/cli/setup.h"
+#include "engine/backend/backends.h"
+#include "engine/model/gemma4/presets.h"
+#include "engine/speculative/engine.h"
+
+namespace specula::cli {
+// ---------------------------------------------------------------------------- decode loop
+
+// Plain and speculative decoding through speculative::decode, per batch size and draft
+// length: prints the table (unless json) and returns the rows.
+nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
+                            const std::vector<int>& batches) {
+  nlohmann::json rows = nlohmann::json::array();
+  if (!a.json) {
+    fmt::print("{:<12} {:>5} {:>3} {:>12} {:>12} {:>8} {:>8} {:>8}\n", "mode", "batch", "k",
+               "prefill t/s", "decode t/s", "tau", "accept", "speedup");
+  }
+  for (int batch : batches) {
+    std::vector<speculative::DecodeRequest> reqs;
+    for (auto& p : make_prompts(a, m, batch)) {
+      speculative::DecodeRequest r{.prompt = p, .params = {}};
+      r.params.temperature = a.temperature;
+      r.params.top_p = a.top_p;
+      r.params.top_k = a.top_k;
+      r.params.min_p = a.min_p;
+      r.params.repetition_penalty = a.repetition_penalty;
+      r.params.presence_penalty = a.presence_penalty;
+      r.params.frequency_penalty = a.frequency_penalty;
+      r.params.seed = reqs.size();
+      r.params.max_tokens = a.gen_tokens;
+      reqs.push_back(std::move(r));
+    }
+    // Each mode runs twice on one Engine and the second run counts: the first
+    // records the step graphs of its shapes (a cost of the first requests,
+    // not of decoding), which the second replays. Also counted in the second
+    // run: its rounds (of the whole batch) and target forwards replayed.
+    struct Measured {
+      speculative::DecodeStats stats;
+      int64_t rounds = 0, target_replays = 0;
+    };
+    auto measure = [&](Drafter* drafter, int k) {
+      Measured out;
+      speculative::Engine engine(*m.target, drafter,
+                                 {.schedule = {.draft_tokens = std::max(k, 1)},
+                                  .max_rows = batch,
+                                  .modes = {.host_sampling = a.host_sampling}});
+      for (int run = 0; run < 2; ++run) {
+        out = {};
+        const int64_t target_replays = m.target->graph_replays();
+        for (const auto& r : speculative::decode(engine, reqs)) {
+          out.stats.merge(r.stats);
+          out.rounds = std::max(out.rounds, r.stats.rounds);
+        }
+        out.target_replays = m.target->graph_replays() - target_replays;
+      }
+      return out;
+    };
+    const Measured plain_run = measure(nullptr, 0);
+    const speculative::DecodeStats& plain = plain_run.stats;
+    auto report = [&](const char* mode, int k, const Measured& measured) {
+      const speculative::DecodeStats& s = measured.stats;
+      const double decode_tps =
+          s.decode_seconds > 0 ? (s.generated_tokens - batch) / s.decode_seconds : 0;
+      const double plain_tps =
+          plain.decode_seconds > 0 ? (plain.generated_tokens - batch) / plain.decode_seconds : 0;
+      const double prefill_tps = s.prefill_seconds > 0 ? s.prompt_tokens / s.prefill_seconds : 0;
+      const double speedup = plain_tps > 0 ? decode_tps / plain_tps : 0;
+      rows.push_back({{"mode", mode},
+                      {"batch", batch},
+                      {"draft_tokens", k},
+                      {"prefill_tokens_per_second", prefill_tps},
+                      {"decode_tokens_per_second", decode_tps},
+                      {"tau", s.mean_accepted_length()},
+                      {"acceptance_rate", s.acceptance_rate()},
+                      {"speedup", speedup},
+                      {"rounds", measured.rounds},
+                      {"target_graph_replays", measured.target_replays}});
+      if (!a.json) {
+        fmt::print("{:<12} {:>5} {:>3} {:>12.1f} {:>12.1f} {:>8.2f} {:>7.1f}% {:>7.2f}x\n", mode,
+                   batch, k, prefill_tps, decode_tps, s.mean_accepted_length(),
+                   100 * s.acceptance_rate(), speedup);
+      }
+    };
+    report("plain", 0, plain_run);
+    if (m.draft_source) {
+      for (int k : a.draft_tokens) report("speculative", k, measure(m.draft_source.get(), k));
+    }
+  }
+  return rows;
+}
+
+}  // namespace specula::cli

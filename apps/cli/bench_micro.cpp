@@ -1,0 +1,351 @@
+// SPDX-License-Identifier: Apache-2.0
+// `specula bench --micro`: model forwards timed directly (decode steps per batch
+// size, a verify window, a drafter step, a prefill) against what the same run
+// measures of the device: its copy bandwidth and bf16 matrix peak.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include <unistd.h>
+
+#include "apps/cli/bench.h"
+#include "apps/cli/commands.h"
+#include "apps/cli/setup.h"
+#include "engine/backend/backends.h"
+#include "engine/model/gemma4/presets.h"
+#include "engine/speculative/engine.h"
+
+namespace specula::cli {
+namespace {
+
+// Device-to-device copy bandwidth, counted as 2 × bytes / time (every byte is
+// read once and written once): the traffic a memory-bound kernel can reach.
+// Best of 5 rounds of `reps` back-to-back copies after a warm-up.
+double copy_bandwidth(Backend& be, int64_t bytes, int reps) {
+  const int64_t n = bytes / 4;
+  DeviceBuffer a(be, static_cast<size_t>(n) * 4), b(be, static_cast<size_t>(n) * 4);
+  const Tensor src = a.view(DType::kF32, {n});
+  const Tensor dst = b.view(DType::kF32, {n});
+  be.fill_uniform(src, 7, -1.0f, 1.0f);
+  for (int i = 0; i < 2; ++i) be.copy(src, dst);
+  double best = 0;
+  for (int round = 0; round < 5; ++round) {
+    const double t = timed(be, [&] {
+      for (int i = 0; i < reps; ++i) be.copy(src, dst);
+    });
+    best = std::max(best, 2.0 * static_cast<double>(n * 4) * reps / t);
+  }
+  return best;
+}
+
+// bf16 matrix peak through backend.linear: y f32 [S, S] = x f32 [S, S] · w bf16 [S, S]ᵀ,
+// 2·S³ flops per call. Best of 5 rounds of 3 calls after a warm-up.
+double matrix_peak(Backend& be, int64_t s) {
+  DeviceBuffer xb(be, static_cast<size_t>(s * s) * 4), wb(be, static_cast<size_t>(s * s) * 2),
+      yb(be, static_cast<size_t>(s * s) * 4);
+  const Tensor x = xb.view(DType::kF32, {s, s});
+  const Tensor w = wb.view(DType::kBF16, {s, s});
+  const Tensor y = yb.view(DType::kF32, {s, s});
+  be.fill_uniform(x, 11, -1.0f, 1.0f);
+  be.fill_uniform(w, 12, -0.05f, 0.05f);
+  for (int i = 0; i < 2; ++i) be.linear(x, w, y);
+  double best = 0;
+  for (int round = 0; round < 5; ++round) {
+    const double t = timed(be, [&] {
+      for (int i = 0; i < 3; ++i) be.linear(x, w, y);
+    });
+    best = std::max(best, 2.0 * static_cast<double>(s) * s * s * 3 / t);
+  }
+  return best;
+}
+
+// K/V bytes one query at sequence length `len` (itself included) reads, per
+// row: every layer reads its cache (a KV-shared layer re-reads its donor's),
+// sliding layers min(window, len) rows, full layers len rows; f32 K and V.
+int64_t kv_bytes_read(const gemma4::Gemma4Config& c, int64_t len) {
+  int64_t bytes = 0;
+  for (const gemma4::LayerSpec& l : c.layers) {
+    const int64_t rows =
+        l.type == gemma4::LayerType::kSliding ? std::min<int64_t>(c.sliding_window, len) : len;
+    bytes += rows * l.n_kv_heads * l.head_dim * int64_t{4} * 2;
+  }
+  return bytes;
+}
+
+// Matrix-product parameters one token multiplies by (the lm head excluded):
+// q/k/v/o, the dense MLP, PLE gate/projection and the PLE model projection,
+// the MoE router and top_k of the experts.
+double linear_params_per_token(const gemma4::Gemma4Config& c) {
+  const double H = c.hidden_size, P = c.hidden_size_per_layer_input;
+  double n = c.has_ple() ? H * c.num_hidden_layers * P : 0;
+  for (const gemma4::LayerSpec& l : c.layers) {
+    const double D = l.head_dim, q = static_cast<double>(c.num_attention_heads) * D;
+    n += 2 * q * H;  // q_proj, o_proj
+    if (!l.kv_shared) n += (l.k_eq_v ? 1 : 2) * static_cast<double>(l.n_kv_heads) * D * H;
+    n += 3 * H * l.intermediate_size;
+    if (c.has_ple()) n += 2 * H * P;
+    if (c.enable_moe_block) {
+      n += static_cast<double>(c.num_experts) * H +
+           static_cast<double>(c.top_k_experts) * 3 * H * c.moe_intermediate_size;
+    }
+  }
+  return n;
+}
+
+// Prefill flops of n tokens from position 0 with logits for the last:
+// 2·n·linear_params + 2·V·H (lm head) + Σ_layers 4·Nh·D·Σ_i visible(i)
+// (QKᵀ and PV; visible(i) = i+1, or min(W, i+1) on sliding layers).
+double prefill_flops(const gemma4::Gemma4Config& c, int64_t n) {
+  double flops = 2.0 * n * linear_params_per_token(c) + 2.0 * c.vocab_size * c.hidden_size;
+  const double W = c.sliding_window, N = static_cast<double>(n);
+  const double full = N * (N + 1) / 2;
+  const double sliding = N <= W ? full : W * (W + 1) / 2 + (N - W) * W;
+  for (const gemma4::LayerSpec& l : c.layers) {
+    flops += 4.0 * c.num_attention_heads * l.head_dim *
+             (l.type == gemma4::LayerType::kSliding ? sliding : full);
+  }
+  return flops;
+}
+
+struct MicroRunner {
+  const BenchArgs& a;
+  LoadedModels& m;
+  gemma4::Gemma4Model& model;
+  Backend& be;
+  uint64_t state = 0x51ed270b27a3f1c5ull;
+
+  const gemma4::Gemma4Config& config() const { return model.config(); }
+
+  // A sequence whose cache holds `max_context` positions: smaller than the
+  // model's default so that 64 rows of a 31B-shaped model fit beside its weights.
+  SequenceKv sequence(int64_t max_context) const {
+    KvCacheSpec spec = model.kv_spec();
+    spec.max_context = std::min<int64_t>(max_context, model.max_context());
+    return SequenceKv(spec);
+  }
+
+  // Fills every sequence with `len` random tokens, at most max(prefill, len)
+  // tokens per forward (no logits).
+  void fill(std::vector<SequenceKv>& seqs, int64_t len) {
+    const size_t per_forward =
+        static_cast<size_t>(std::max<int64_t>(1, std::max<int64_t>(a.prefill_tokens, len) / len));
+    std::vector<std::vector<int32_t>> ids;
+    for (size_t i = 0; i < seqs.size(); ++i)
+      ids.push_back(random_ids(len, config().vocab_size, &state));
+    for (size_t begin = 0; begin < seqs.size(); begin += per_forward) {
+      std::vector<gemma4::ForwardRow> rows;
+      for (size_t i = begin; i < std::min(seqs.size(), begin + per_forward); ++i)
+        rows.push_back({.kv = &seqs[i], .tokens = ids[i], .all_logits = false});
+      model.forward(rows, {.compute_logits = false, .prefill = true});
+    }
+    be.synchronize();
+  }
+
+  // Median time of forwarding `tokens` new tokens per row (logits computed),
+  // rolling every cache back after each rep so the context stays fixed.
+  double step_time(std::vector<SequenceKv>& seqs, int64_t tokens, bool all_logits) {
+    std::vector<std::vector<int32_t>> ids;
+    for (size_t i = 0; i < seqs.size(); ++i)
+      ids.push_back(random_ids(tokens, config().vocab_size, &state));
+    std::vector<gemma4::ForwardRow> rows;
+    for (size_t i = 0; i < seqs.size(); ++i)
+      rows.push_back({.kv = &seqs[i], .tokens = ids[i], .all_logits = all_logits});
+    const int64_t len = seqs.front().length();
+    auto rollback = [&] {
+      for (SequenceKv& s : seqs) s.truncate(len);
+    };
+    for (int i = 0; i < 2; ++i) {  // warm-up (scratch growth, caches, clocks)
+      model.forward(rows);
+      rollback();
+    }
+    std::vector<double> times;
+    for (int r = 0; r < a.reps; ++r) {
+      times.push_back(timed(be, [&] { model.forward(rows); }));
+      rollback();
+    }
+    return median(times);
+  }
+
+  nlohmann::json run() {
+    const gemma4::Gemma4Config& c = config();
+    nlohmann::json out;
+    out["backend"] = be.name();
+    model.set_graphs_enabled(!a.no_graphs && model.graphs_enabled());
+    out["graphs"] = model.graphs_enabled() && be.supports_graphs();
+    out["weight_bytes"] = model.weight_bytes();
+    out["context"] = a.context;
+    out["reps"] = a.reps;
+
+    // Device references, measured first while nothing else is queued.
+    const int64_t copy_bytes = a.copy_mib << 20;
+    const double copy_bps = copy_bandwidth(be, copy_bytes, a.reps);
+    out["copy"] = {{"bytes", copy_bytes},
+                   {"gb_per_second", copy_bps / 1e9},
+                   {"definition",
+                    "2 x bytes / time of backend.copy (each byte read and written once); best of "
+                    "5 rounds"}};
+    const double peak = matrix_peak(be, a.peak_size);
+    out["matrix_peak"] = {
+        {"size", a.peak_size},
+        {"tflops", peak / 1e12},
+        {"definition", fmt::format("backend.linear x f32[{0},{0}] . w bf16[{0},{0}]^T, 2*{0}^3 "
+                                   "flops per call; best of 5 rounds",
+                                   a.peak_size)}};
+    if (!a.json) {
+      fmt::print("device {} ({}), model {} (seed {}), {:.2f} GB of weights\n", be.device().str(),
+                 be.name(), m.model_dir, a.seed, model.weight_bytes() / 1e9);
+      fmt::print("copy bandwidth   {:>9.1f} GB/s     (2 x {} MiB / time: read + write)\n",
+                 copy_bps / 1e9, a.copy_mib);
+      fmt::print("bf16 matrix peak {0:>9.4g} TFLOP/s  (linear f32[{1},{1}] x bf16[{1},{1}]^T)\n",
+                 peak / 1e12, a.peak_size);
+      fmt::print("\ndecode, context {} per row (median of {}; steps {}):\n", a.context, a.reps,
+                 model.graphs_enabled() && be.supports_graphs() ? "replayed as CUDA graphs"
+                                                                : "run directly");
+      fmt::print("{:>5} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9}\n", "batch", "step ms", "tokens/s",
+                 "GB wts", "GB kv", "GB/s", "roofline");
+    }
+
+    // Decode steps per batch size.
+    nlohmann::json decode = nlohmann::json::array();
+    double b1_fraction = -1;
+    const int64_t seq_context = int64_t{a.context} + a.verify_tokens + 1;
+    for (int B : a.batches) {
+      std::vector<SequenceKv> seqs;
+      for (int b = 0; b < B; ++b) seqs.push_back(sequence(seq_context));
+      fill(seqs, a.context);
+      const double t = step_time(seqs, 1, false);
+      const int64_t wbytes = model.weight_bytes_read(B);
+      const int64_t kvbytes = int64_t{B} * kv_bytes_read(c, int64_t{a.context} + 1);
+      const double bps = static_cast<double>(wbytes + kvbytes) / t;
+      const double fraction = bps / copy_bps;
+      if (B == 1) b1_fraction = fraction;
+      decode.push_back({{"batch", B},
+                        {"step_ms", t * 1e3},
+                        {"tokens_per_second", B / t},
+                        {"weight_bytes", wbytes},
+                        {"kv_bytes", kvbytes},
+                        {"gb_per_second", bps / 1e9},
+                        {"roofline_fraction", fraction}});
+      if (!a.json) {
+        fmt::print("{:>5} {:>9.3f} {:>11.1f} {:>9.2f} {:>9.3f} {:>9.1f} {:>8.1f}%\n", B, t * 1e3,
+                   B / t, wbytes / 1e9, kvbytes / 1e9, bps / 1e9, 100 * fraction);
+      }
+    }
+    out["decode"] = decode;
+
+    // Verify window vs one decode step, batch 1.
+    std::vector<SequenceKv> one;
+    one.push_back(sequence(seq_context));
+    fill(one, a.context);
+    const double t1 = step_time(one, 1, false);
+    const double tv = step_time(one, a.verify_tokens, true);
+    out["verify"] = {{"tokens", a.verify_tokens},
+                     {"step_ms", t1 * 1e3},
+                     {"verify_ms", tv * 1e3},
+                     {"ratio", tv / t1}};
+    if (!a.json) {
+      fmt::print("\nverify window of {} tokens: {:.3f} ms vs one decode step {:.3f} ms: {:.3f}x\n",
+                 a.verify_tokens, tv * 1e3, t1 * 1e3, tv / t1);
+    }
+
+    // One drafter step, batch 1, at the same context.
+    std::optional<double> draft_ratio;
+    if (m.draft_source) {
+      std::vector<int32_t> last = random_ids(1, c.vocab_size, &state);
+      const gemma4::ForwardOutput& fo = model.forward(std::vector<gemma4::ForwardRow>{
+          {.kv = &one.front(), .tokens = last, .all_logits = false}});
+      std::vector<float> hidden(static_cast<size_t>(c.hidden_size));
+      be.download(fo.hidden.slice_rows(0, 1), hidden.data());
+      const DraftRow row{.request = 0,
+                         .token = random_ids(1, c.vocab_size, &state)[0],
+                         .position = static_cast<int32_t>(one.front().length()),
+                         .target_kv = &one.front(),
+                         .target_hidden = hidden.data()};
+      auto draft = [&] { m.draft_source->step(0, std::span<const DraftRow>(&row, 1)); };
+      for (int i = 0; i < 2; ++i) draft();
+      std::vector<double> times;
+      for (int r = 0; r < a.reps; ++r) times.push_back(timed(be, draft));
+      const double td = median(times);
+      draft_ratio = td / t1;
+      out["drafter"] = {{"step_ms", td * 1e3}, {"target_step_ms", t1 * 1e3}, {"ratio", td / t1}};
+      if (!a.json) {
+        fmt::print("drafter step: {:.3f} ms = {:.2f}% of a target decode step\n", td * 1e3,
+                   100 * td / t1);
+      }
+    } else {
+      out["drafter"] = nullptr;
+    }
+    one.clear();
+
+    // Prefill of one fresh row.
+    const int64_t n = a.prefill_tokens;
+    const std::vector<int32_t> prompt = random_ids(n, c.vocab_size, &state);
+    auto prefill_once = [&] {
+      SequenceKv kv = sequence(n + 1);
+      const gemma4::ForwardRow row{.kv = &kv, .tokens = prompt, .all_logits = false};
+      // As the decoder prefills a prompt (ForwardOptions::prefill).
+      return timed(be, [&] {
+        model.forward(std::span<const gemma4::ForwardRow>(&row, 1), {.prefill = true});
+      });
+    };
+    prefill_once();  // warm-up
+    std::vector<double> times;
+    for (int r = 0; r < std::min(a.reps, 3); ++r) times.push_back(prefill_once());
+    const double tp = median(times);
+    const double flops = prefill_flops(c, n);
+    out["prefill"] = {{"tokens", n},
+                      {"ms", tp * 1e3},
+                      {"tokens_per_second", n / tp},
+                      {"flops", flops},
+                      {"tflops", flops / tp / 1e12},
+                      {"peak_fraction", flops / tp / peak},
+                      {"formula",
+                       "2*n*linear_params_per_token + 2*V*H (lm head, last token) + "
+                       "sum_layers 4*Nh*D*sum_i visible(i)"}};
+    if (!a.json) {
+      fmt::print(
+          "prefill of {} tokens: {:.1f} ms, {:.0f} tokens/s, {:.4g} TFLOP/s = {:.1f}% of the "
+          "matrix peak\n",
+          n, tp * 1e3, n / tp, flops / tp / 1e12, 100 * flops / tp / peak);
+    }
+
+    // The acceptance goals of the CUDA backend (set for the 31B shape).
+    nlohmann::json goals = nlohmann::json::array();
+    auto goal = [&](const char* name, double value, const char* op, double target) {
+      const bool met = op[0] == '>' ? value >= target : value <= target;
+      goals.push_back({{"goal", name},
+                       {"value", value},
+                       {"target", fmt::format("{} {}", op, target)},
+                       {"met", met}});
+      if (!a.json)
+        fmt::print("  {:<44} {:>8.3f} (goal {} {}) {}\n", name, value, op, target,
+                   met ? "met" : "NOT met");
+    };
+    if (!a.json) fmt::print("\ngoals (set for the 31b shape):\n");
+    if (b1_fraction >= 0) goal("decode batch 1: roofline fraction", b1_fraction, ">=", 0.85);
+    goal("verify window / decode step", tv / t1, "<=", 1.15);
+    if (draft_ratio) goal("drafter step / target decode step", *draft_ratio, "<=", 0.05);
+    goal("prefill: fraction of matrix peak", flops / tp / peak, ">=", 0.5);
+    out["goals"] = goals;
+    return out;
+  }
+};
+
+}  // namespace
+
+nlohmann::json run_micro(const BenchArgs& a, LoadedModels& m) {
+  MicroRunner runner{a, m, *m.target, m.target->backend()};
+  return runner.run();
+}
+
+}  // namespace specula::cli
