@@ -47,6 +47,15 @@ struct BenchArgs {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   bool host_sampling = false;  // logits read back, sampled on the host (A/B)
+  bool host_rounds = false;    // drafts read back every draft step (A/B)
+  // --serving: a continuous-arrival workload on the engine.
+  bool serving = false;
+  int num_prompts = 64;
+  double request_rate = 0;  // requests per second (Poisson); 0: all at once
+  double range_ratio = 0.5;  // lengths uniform in mean × [1 - r, 1 + r]
+  int max_num_seqs = 16;
+  int64_t max_batch_tokens = 0;
+  double kv_memory = 0;
   // Dump a preset's config.json and exit.
   std::string print_preset_config, print_assistant_config;
 };
@@ -77,10 +86,15 @@ std::vector<std::vector<int32_t>> make_prompts(const BenchArgs& a, const LoadedM
 // The target (and drafter) the arguments ask for, on `device`.
 LoadedModels load_bench_models(const BenchArgs& a, Device device);
 
+// Accepted / drafted at each draft position.
+nlohmann::json acceptance_by_position(const speculative::DecodeStats& s);
 // Plain and speculative decoding per batch size and draft length: prints the
 // table (unless json) and returns its rows.
 nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
                             const std::vector<int>& batches);
+// The continuous-arrival workload (--serving): prints the table (unless json)
+// and returns its rows.
+nlohmann::json serving_table(const BenchArgs& a, LoadedModels& m);
 // The --micro timings and goals: prints them (unless json) and returns them.
 nlohmann::json run_micro(const BenchArgs& a, LoadedModels& m);
 

@@ -29,6 +29,15 @@ namespace specula::cli {
 
 // Plain and speculative decoding through speculative::decode, per batch size and draft
 // length: prints the table (unless json) and returns the rows.
+nlohmann::json acceptance_by_position(const speculative::DecodeStats& s) {
+  nlohmann::json by_pos = nlohmann::json::array();
+  for (size_t i = 0; i < s.drafted_at.size(); ++i) {
+    by_pos.push_back(s.drafted_at[i] ? static_cast<double>(s.accepted_at[i]) / s.drafted_at[i]
+                                     : 0.0);
+  }
+  return by_pos;
+}
+
 nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
                             const std::vector<int>& batches) {
   nlohmann::json rows = nlohmann::json::array();
@@ -58,17 +67,20 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
     struct Measured {
       speculative::DecodeStats stats;
       int64_t rounds = 0, target_replays = 0;
+      std::vector<speculative::DecodeResult> results;  // of the counted run
     };
     auto measure = [&](Drafter* drafter, int k) {
       Measured out;
       speculative::Engine engine(*m.target, drafter,
                                  {.schedule = {.draft_tokens = std::max(k, 1)},
                                   .max_rows = batch,
-                                  .modes = {.host_sampling = a.host_sampling}});
+                                  .modes = {.host_rounds = a.host_rounds,
+                                            .host_sampling = a.host_sampling}});
       for (int run = 0; run < 2; ++run) {
         out = {};
         const int64_t target_replays = m.target->graph_replays();
-        for (const auto& r : speculative::decode(engine, reqs)) {
+        out.results = speculative::decode(engine, reqs);
+        for (const auto& r : out.results) {
           out.stats.merge(r.stats);
           out.rounds = std::max(out.rounds, r.stats.rounds);
         }
@@ -78,6 +90,16 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
     };
     const Measured plain_run = measure(nullptr, 0);
     const speculative::DecodeStats& plain = plain_run.stats;
+    if (m.replay) {
+      // The replay proposes the target's greedy output of these very requests.
+      m.replay->clear_references();
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        std::vector<int32_t> seq = reqs[i].prompt;
+        seq.insert(seq.end(), plain_run.results[i].tokens.begin(),
+                   plain_run.results[i].tokens.end());
+        m.replay->add_reference(std::move(seq));
+      }
+    }
     auto report = [&](const char* mode, int k, const Measured& measured) {
       const speculative::DecodeStats& s = measured.stats;
       const double decode_tps =
@@ -94,6 +116,7 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
                       {"tau", s.mean_accepted_length()},
                       {"acceptance_rate", s.acceptance_rate()},
                       {"speedup", speedup},
+                      {"acceptance_by_position", acceptance_by_position(s)},
                       {"rounds", measured.rounds},
                       {"target_graph_replays", measured.target_replays}});
       if (!a.json) {
@@ -104,7 +127,8 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
     };
     report("plain", 0, plain_run);
     if (m.draft_source) {
-      for (int k : a.draft_tokens) report("speculative", k, measure(m.draft_source.get(), k));
+      const char* mode = m.replay ? "replay(sim)" : "speculative";
+      for (int k : a.draft_tokens) report(mode, k, measure(m.draft_source.get(), k));
     }
   }
   return rows;

@@ -110,7 +110,13 @@ int64_t needed_context(const BenchArgs& a) {
 LoadedModels load_bench_models(const BenchArgs& a, Device device) {
   set_threads(a.model.threads);
   backend_for(device);  // an unsupported device fails here, before any loading
-  const bool random_draft = a.model.draft == kRandomDraft && !a.model.no_draft;
+  // --draft replay:PROFILE runs a real drafter (the embedded one for the
+  // embedded model, else a random one of the target's shape) and replaces its
+  // proposals (replay::ReplayDrafter).
+  const bool replay = a.model.draft.starts_with("replay:") && !a.model.no_draft;
+  const bool embedded = a.random_weights.empty() && a.model.model.empty();
+  const bool random_draft =
+      (a.model.draft == kRandomDraft || (replay && !embedded)) && !a.model.no_draft;
   const bool need_tokenizer = !a.prompt_file.empty();
   const int64_t max_context = needed_context(a);
   LoadedModels m;
@@ -120,6 +126,7 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
     // The established path (embedded default model and drafter included).
     ModelArgs args = a.model;
     args.ctx_size = max_context;
+    if (replay) args.draft.clear();  // the embedded drafter
     if (random_draft) {
       args.draft.clear();
       args.no_draft = true;
@@ -155,7 +162,7 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
                  tty ? "\r" : "", c.num_hidden_layers, c.hidden_size, c.vocab_size,
                  m.target->weight_bytes() / 1e9, seconds_since(t0));
     }
-    if (!a.model.draft.empty() && !a.model.no_draft && !random_draft) {
+    if (!a.model.draft.empty() && !a.model.no_draft && !random_draft && !replay) {
       m.draft_dir = a.model.draft;
       m.drafter = assistant::AssistantDrafter::load(m.draft_dir, c, m.target->backend());
     }
@@ -183,6 +190,22 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
   }
   if (m.drafter && !m.draft_source)
     m.draft_source = std::make_unique<assistant::AssistantDraftSource>(*m.target, *m.drafter);
+  if (replay) {
+    if (!m.draft_source) fail("--draft {}: no drafter to run beneath the replay", a.model.draft);
+    const std::string profile = a.model.draft.substr(7);
+    m.inner_draft_source = std::move(m.draft_source);
+    auto source = std::make_unique<replay::ReplayDrafter>(
+        *m.inner_draft_source, m.target->backend(), replay::parse_acceptance_profile(profile),
+        a.seed + 2);
+    m.replay = source.get();
+    m.draft_source = std::move(source);
+    m.draft_dir = fmt::format("replay:{} (SIMULATED acceptance) over {}", profile, m.draft_dir);
+    if (!quiet) {
+      fmt::print(stderr, "drafter: replay of the target's greedy output at acceptance {} "
+                         "(a simulation; the drafter beneath runs for its cost)\n",
+                 profile);
+    }
+  }
   return m;
 }
 

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -78,7 +79,38 @@ void run_bench(BenchArgs a) {
       fail("--peak-size must be in [1, 65536], got {}", a.peak_size);
   }
 
+  const bool replay = a.model.draft.starts_with("replay:");
+  if (replay && (a.temperature != 0 || a.repetition_penalty != 1.0f ||
+                 a.presence_penalty != 0.0f || a.frequency_penalty != 0.0f)) {
+    fail("--draft {}: the replay simulation is for greedy rows only (--temperature 0, no "
+         "penalties)",
+         a.model.draft);
+  }
+  if (replay) replay::parse_acceptance_profile(a.model.draft.substr(7));  // errors before loading
+  if (a.serving) {
+    if (a.num_prompts < 1) fail("--num-prompts must be >= 1, got {}", a.num_prompts);
+    if (!(a.request_rate >= 0) || !std::isfinite(a.request_rate))
+      fail("--request-rate must be >= 0, got {}", a.request_rate);
+    if (!(a.range_ratio >= 0 && a.range_ratio < 1))
+      fail("--range-ratio must be in [0, 1), got {}", a.range_ratio);
+    if (a.max_num_seqs < 1) fail("--max-num-seqs must be >= 1, got {}", a.max_num_seqs);
+    if (a.max_batch_tokens < 0) fail("--max-batch-tokens must be >= 0, got {}", a.max_batch_tokens);
+    if (!(a.kv_memory >= 0)) fail("--kv-memory must be >= 0, got {}", a.kv_memory);
+    if (a.micro) fail("--serving and --micro are separate programs: give one");
+    if (a.temperature != 0) fail("--serving measures greedy requests: give --temperature 0");
+  }
   LoadedModels m = load_bench_models(a, device);
+  if (a.serving) {
+    const nlohmann::json rows = serving_table(a, m);
+    if (a.json) {
+      fmt::print("{}\n", nlohmann::json{{"model", m.model_dir},
+                                        {"draft", m.draft_dir},
+                                        {"device", device.str()},
+                                        {"serving", rows}}
+                             .dump());
+    }
+    return;
+  }
   if (a.micro) {
     // Rolling back a verify window must stay within the sliding rings' slack.
     const int max_window = m.target->kv_spec().max_rollback;
@@ -197,6 +229,32 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--host-sampling", args->host_sampling,
                 "Sample on the host (logits read back every step) instead of on the device, "
                 "for A/B runs; the same tokens either way");
+  cmd->add_flag("--host-rounds", args->host_rounds,
+                "Read the drafts back every draft step instead of once per round, for A/B runs; "
+                "the same tokens either way");
+  cmd->add_flag("--serving", args->serving,
+                "Serve a continuous-arrival workload on the engine (Poisson arrivals, mixed "
+                "lengths): tokens/s, time to first token, inter-token latency, plain and "
+                "speculative");
+  cmd->add_option("--num-prompts", args->num_prompts, "--serving: requests in the workload")
+      ->capture_default_str();
+  cmd->add_option("--request-rate", args->request_rate,
+                  "--serving: arrivals per second (Poisson); 0 = all at once")
+      ->capture_default_str();
+  cmd->add_option("--range-ratio", args->range_ratio,
+                  "--serving: prompt and output lengths uniform in mean x [1 - r, 1 + r]")
+      ->capture_default_str();
+  cmd->add_option("--max-num-seqs", args->max_num_seqs,
+                  "--serving: rows the engine decodes at once")
+      ->capture_default_str();
+  cmd->add_option("--max-batch-tokens,--max-num-batched-tokens", args->max_batch_tokens,
+                  "--serving: tokens per engine step (verify windows first, then prefill "
+                  "chunks); 0 = no limit")
+      ->capture_default_str();
+  cmd->add_option("--kv-memory", args->kv_memory,
+                  "--serving: KV cache memory, bytes (> 1) or a fraction of free device memory; "
+                  "0 = room for --max-num-seqs rows")
+      ->capture_default_str();
   cmd->add_option("--context", args->context, "--micro: tokens per row before a decode step")
       ->capture_default_str();
   cmd->add_option("--prefill-tokens", args->prefill_tokens, "--micro: tokens of the timed prefill")
@@ -217,6 +275,11 @@ void register_bench(CLI::App& app) {
   cmd->footer(
       "--draft random (with --random-weights or --model) builds a random assistant drafter of "
       "the released shape for the target (head: --draft-head).\n"
+      "--draft replay:A0,A1,... (e.g. replay:0.84,0.60,0.39,0.27) is a SIMULATION for "
+      "benchmarks: it runs the drafter of the shape (the embedded one for the embedded model, "
+      "else a random one) for its cost, and proposes the target's own greedy output from the "
+      "plain run, corrupted so that draft position i is accepted with probability Ai. Greedy "
+      "only.\n"
       "--micro definitions: copy bandwidth = 2 x bytes / time of a device-to-device copy (read + "
       "write); bytes per decode step = weights read (model.weight_bytes_read(batch)) + K/V read "
       "(per row and layer: rows visible (sliding: min(window, context + 1)) x kv heads x head dim "

@@ -12,6 +12,7 @@
 
 #include "engine/draft/assistant/assistant_drafter.h"
 #include "engine/draft/ngram/ngram_drafter.h"
+#include "engine/draft/replay/replay_drafter.h"
 #include "engine/model/gemma4/gemma4.h"
 #include "engine/sampling/sampling_params.h"
 #include "engine/speculative/decoder.h"
@@ -40,7 +41,10 @@ Device parse_device(const std::string& text);
 struct LoadedModels {
   std::unique_ptr<gemma4::Gemma4Model> target;
   std::unique_ptr<assistant::AssistantDrafter> drafter;
-  std::unique_ptr<Drafter> draft_source;  // the assistant's, or the ngram drafter
+  std::unique_ptr<Drafter> draft_source;  // the assistant's, the ngram drafter, or a replay
+  // bench --draft replay:...: the drafter draft_source wraps, and the replay itself.
+  std::unique_ptr<Drafter> inner_draft_source;
+  replay::ReplayDrafter* replay = nullptr;
   std::optional<Tokenizer> tokenizer;
   std::string model_dir, draft_dir;
 };

@@ -7,12 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <random>
 
 #include "engine/draft/assistant/assistant_drafter.h"
 #include "engine/draft/ngram/ngram_drafter.h"
+#include "engine/draft/replay/replay_drafter.h"
 #include "engine/speculative/decoder.h"
 #include "engine/speculative/engine.h"
 #include "tests/unit/model/golden_util.h"
@@ -296,6 +298,46 @@ TEST_F(EngineTest, NgramDraftsAreExactAndPayOnRepetition) {
   // for a fixed seed independent of the batch (covered under load above).
   std::printf("[ ngram ] tau %.2f, acceptance %.3f\n", drafted.stats.mean_accepted_length(),
               drafted.stats.acceptance_rate());
+}
+
+// The replay simulation: drafts accepted at each position with the profile's
+// probability (within 4 standard errors), and the output still exact.
+TEST_F(EngineTest, ReplayAcceptanceFollowsItsProfile) {
+  const std::vector<double> profile = replay::parse_acceptance_profile("0.84,0.6,0.39,0.27");
+  replay::ReplayDrafter replay(*assistant_, target_->backend(), profile, 5);
+  const int vocab = static_cast<int>(target_->config().vocab_size);
+  std::vector<DecodeRequest> reqs;
+  for (int i = 0; i < 12; ++i) {
+    DecodeRequest r;
+    for (int j = 0; j < 20; ++j) r.prompt.push_back(3 + (i * 131 + j * 37) % (vocab - 3));
+    r.params.temperature = 0.0f;
+    r.params.max_tokens = 100;
+    reqs.push_back(std::move(r));
+  }
+  const auto plain = speculative::decode(*target_, nullptr, reqs, {});
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::vector<int32_t> seq = reqs[i].prompt;
+    seq.insert(seq.end(), plain[i].tokens.begin(), plain[i].tokens.end());
+    replay.add_reference(std::move(seq));
+  }
+  Engine engine(*target_, &replay, {.schedule = {.draft_tokens = 4}, .max_rows = 6});
+  const auto got = speculative::decode(engine, reqs);
+  speculative::DecodeStats total;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, plain[i].tokens) << "request " << i;
+    total.merge(got[i].stats);
+  }
+  ASSERT_EQ(total.drafted_at.size(), profile.size());
+  for (size_t j = 0; j < profile.size(); ++j) {
+    const double n = static_cast<double>(total.drafted_at[j]);
+    ASSERT_GT(n, 100) << "position " << j;
+    const double measured = static_cast<double>(total.accepted_at[j]) / n;
+    const double se = std::sqrt(profile[j] * (1 - profile[j]) / n);
+    EXPECT_NEAR(measured, profile[j], 4 * se) << "position " << j << " of " << n << " drafts";
+  }
+  EXPECT_THROW(replay::parse_acceptance_profile("0.8,1.2"), Error);
+  EXPECT_THROW(replay::parse_acceptance_profile("0.8,,0.2"), Error);
+  EXPECT_THROW(replay::parse_acceptance_profile(""), Error);
 }
 
 TEST(NgramProposal, LatestLongestMatch) {
