@@ -71,11 +71,11 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
     };
     auto measure = [&](Drafter* drafter, int k) {
       Measured out;
-      speculative::Engine engine(*m.target, drafter,
-                                 {.schedule = {.draft_tokens = std::max(k, 1)},
-                                  .max_rows = batch,
-                                  .modes = {.host_rounds = a.host_rounds,
-                                            .host_sampling = a.host_sampling}});
+      speculative::Engine engine(
+          *m.target, drafter,
+          {.schedule = {.draft_tokens = std::max(k, 1)},
+           .max_rows = batch,
+           .modes = {.host_rounds = a.host_rounds, .host_sampling = a.host_sampling}});
       for (int run = 0; run < 2; ++run) {
         out = {};
         const int64_t target_replays = m.target->graph_replays();

@@ -319,6 +319,39 @@ struct MicroRunner {
           n, tp * 1e3, n / tp, flops / tp / 1e12, 100 * flops / tp / peak);
     }
 
+    // The same prompt as the engine prefills it by default: pieces that end
+    // at multiples of G, each its own forward (logits for the last only), so
+    // that its bits never depend on the other prompts or the step budget.
+    nlohmann::json pieces = nlohmann::json::array();
+    for (int64_t G : {256, 512, 1024}) {
+      auto pieces_once = [&] {
+        SequenceKv kv = sequence(n + 1);
+        return timed(be, [&] {
+          for (int64_t at = 0; at < n; at += G) {
+            const int64_t take = std::min(G, n - at);
+            const gemma4::ForwardRow row{
+                .kv = &kv,
+                .tokens = std::span<const int32_t>(prompt.data() + at, static_cast<size_t>(take)),
+                .all_logits = false};
+            model.forward(std::span<const gemma4::ForwardRow>(&row, 1),
+                          {.compute_logits = at + take == n, .prefill = true});
+          }
+        });
+      };
+      pieces_once();  // warm-up
+      std::vector<double> piece_times;
+      for (int r = 0; r < std::min(a.reps, 3); ++r) piece_times.push_back(pieces_once());
+      const double tg = median(piece_times);
+      pieces.push_back({{"chunk", G}, {"ms", tg * 1e3}, {"vs_one_forward", tg / tp}});
+      if (!a.json) {
+        fmt::print(
+            "prefill of {} tokens in pieces of {} (the engine's fixed chunks): {:.1f} ms, "
+            "{:.3f}x one forward\n",
+            n, G, tg * 1e3, tg / tp);
+      }
+    }
+    out["prefill"]["fixed_pieces"] = pieces;
+
     // The acceptance goals of the CUDA backend (set for the 31B shape).
     nlohmann::json goals = nlohmann::json::array();
     auto goal = [&](const char* name, double value, const char* op, double target) {

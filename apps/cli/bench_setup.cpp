@@ -201,8 +201,9 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
     m.draft_source = std::move(source);
     m.draft_dir = fmt::format("replay:{} (SIMULATED acceptance) over {}", profile, m.draft_dir);
     if (!quiet) {
-      fmt::print(stderr, "drafter: replay of the target's greedy output at acceptance {} "
-                         "(a simulation; the drafter beneath runs for its cost)\n",
+      fmt::print(stderr,
+                 "drafter: replay of the target's greedy output at acceptance {} "
+                 "(a simulation; the drafter beneath runs for its cost)\n",
                  profile);
     }
   }

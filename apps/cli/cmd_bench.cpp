@@ -80,11 +80,12 @@ void run_bench(BenchArgs a) {
   }
 
   const bool replay = a.model.draft.starts_with("replay:");
-  if (replay && (a.temperature != 0 || a.repetition_penalty != 1.0f ||
-                 a.presence_penalty != 0.0f || a.frequency_penalty != 0.0f)) {
-    fail("--draft {}: the replay simulation is for greedy rows only (--temperature 0, no "
-         "penalties)",
-         a.model.draft);
+  if (replay && (a.temperature != 0 || a.repetition_penalty != 1.0f || a.presence_penalty != 0.0f ||
+                 a.frequency_penalty != 0.0f)) {
+    fail(
+        "--draft {}: the replay simulation is for greedy rows only (--temperature 0, no "
+        "penalties)",
+        a.model.draft);
   }
   if (replay) replay::parse_acceptance_profile(a.model.draft.substr(7));  // errors before loading
   if (a.serving) {

@@ -35,6 +35,7 @@ void Engine::State::configure() {
   const EngineOptions& o = options;
   if (o.max_rows < 1) fail("max_rows must be >= 1, got {}", o.max_rows);
   if (o.max_batch_tokens < 0) fail("max_batch_tokens must be >= 0, got {}", o.max_batch_tokens);
+  if (o.prefill_chunk < 0) fail("prefill_chunk must be >= 0, got {}", o.prefill_chunk);
   if (!(o.kv_memory >= 0) || !std::isfinite(o.kv_memory)) {
     fail("kv_memory must be a byte count or a fraction in (0, 1], got {}", o.kv_memory);
   }
@@ -292,13 +293,12 @@ void Engine::State::device_accept(const Tensor& logits, const Tensor& tokens, in
 // ---------------------------------------------------------------------------
 // Drafter inputs
 
-// Copies rows src_rows of `src` into region `region` of the hidden store
-// (row j of `rows` to store row region·max_rows + j).
+// Copies rows src_rows of `src` into the hidden store (row j of `rows` to
+// store row at + j).
 void Engine::State::store_hiddens(const Tensor& src, std::span<Row* const> rows,
-                                  std::span<const int64_t> src_rows, int64_t region) {
+                                  std::span<const int64_t> src_rows, int64_t at) {
   const auto n = static_cast<int64_t>(rows.size());
   if (n == 0) return;
-  const int64_t at = region * max_rows;
   for (int64_t j = 0; j < n; ++j) {
     hidden_idx_host[static_cast<size_t>(at + j)] =
         static_cast<int32_t>(src_rows[static_cast<size_t>(j)]);
@@ -325,7 +325,7 @@ void Engine::State::spill_last_output() {
     spill_rows.push_back(r);
     spill_src.push_back(r->hidden_index);
   }
-  store_hiddens(last_hidden, spill_rows, spill_src, 0);
+  store_hiddens(last_hidden, spill_rows, spill_src, /*at=*/0);
 }
 
 // Brings every active row's hidden where this round's step 0 reads it: for a
@@ -372,101 +372,140 @@ void Engine::State::prepare_round_hiddens(bool dev_round) {
 // Prefill
 
 // Prefills chunks of the admitted prompts in arrival order, within `budget`
-// tokens (< 0: no limit), in one forward; returns the tokens prefilled.
+// tokens (< 0: no limit); returns the tokens prefilled. With a prefill_chunk
+// G, a prompt goes in pieces that end at multiples of G, each its own forward
+// (so a piece's bits depend on its own tokens alone, never on the budget or
+// the other prompts); a piece is never split, so a step may exceed its budget
+// by less than one piece. With G = 0 every row's chunk goes in one forward.
 int64_t Engine::State::prefill(int64_t budget) {
+  const int64_t G = options.prefill_chunk;
+  fresh_hiddens = 0;
   prefill_rows.clear();
   prefill_take.clear();
   int64_t used = 0;
   for (Row* r : running) {
     if (r->decoding || r->done) continue;
-    const int64_t left = static_cast<int64_t>(r->request.prompt.size()) - r->prefilled;
-    const int64_t take = budget < 0 ? left : std::min(left, budget - used);
-    if (take <= 0) break;
-    prefill_rows.push_back(r);
-    prefill_take.push_back(take);
-    used += take;
+    const auto size = static_cast<int64_t>(r->request.prompt.size());
+    int64_t at = r->prefilled;
+    while (at < size) {
+      const int64_t left = size - at;
+      int64_t take = G > 0 ? std::min(left, G - at % G) : left;
+      if (budget >= 0) {
+        if (G == 0) take = std::min(take, budget - used);
+        if (take <= 0 || (used > 0 && used + take > budget) || used >= budget) break;
+      }
+      prefill_rows.push_back(r);
+      prefill_take.push_back(take);
+      used += take;
+      at += take;
+      if (G == 0) break;
+    }
+    if (budget >= 0 && used >= budget) break;
   }
   if (prefill_rows.empty()) return 0;
   spill_last_output();
-  fwd.clear();
-  bool any_final = false;
-  for (size_t i = 0; i < prefill_rows.size(); ++i) {
-    Row& r = *prefill_rows[i];
-    const auto begin = static_cast<size_t>(r.prefilled);
-    fwd.push_back({.kv = &*r.kv,
-                   .tokens = std::span<const int32_t>(r.request.prompt.data() + begin,
-                                                      static_cast<size_t>(prefill_take[i])),
-                   .all_logits = false});
-    any_final |= r.prefilled + prefill_take[i] == static_cast<int64_t>(r.request.prompt.size());
+  final_rows.clear();
+  if (G == 0) {
+    prefill_forward(prefill_rows, prefill_take);
+  } else {
+    for (size_t i = 0; i < prefill_rows.size(); ++i) {
+      prefill_forward(std::span<Row* const>(&prefill_rows[i], 1),
+                      std::span<const int64_t>(&prefill_take[i], 1));
+    }
   }
-  // Prefill may take the backend's fast path (ForwardOptions::prefill): on
-  // the CPU it is the batch-invariant path itself.
-  const gemma4::ForwardOutput& out =
-      target.forward(fwd, {.compute_logits = any_final, .prefill = true});
-  last_hidden = out.hidden;
-  for (size_t i = 0; i < prefill_rows.size(); ++i) {
-    Row& r = *prefill_rows[i];
-    r.prefilled += prefill_take[i];
-    ++r.result.stats.target_forwards;
-  }
-  if (any_final) first_tokens(out, prefill_rows, prefill_take);
+  if (!final_rows.empty()) first_tokens();
   return used;
 }
 
-// The first token of every row whose prompt the forward `out` completed
-// (rows[i] owns output row i), and the drafter input it came with.
-void Engine::State::first_tokens(const gemma4::ForwardOutput& out, std::span<Row* const> rows,
-                                 std::span<const int64_t> take) {
-  std::vector<Row*>& finals = final_rows;
-  finals.clear();
-  for (Row* r : rows) {
-    if (r->prefilled == static_cast<int64_t>(r->request.prompt.size())) finals.push_back(r);
+// One prefill forward: rows[i] appends take[i] prompt tokens. The rows it
+// completes keep their last logits (for first_tokens, which samples all of a
+// step's at once: one readback) and their drafter input.
+void Engine::State::prefill_forward(std::span<Row* const> rows, std::span<const int64_t> take) {
+  fwd.clear();
+  bool any_final = false;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Row& r = *rows[i];
+    const auto begin = static_cast<size_t>(r.prefilled);
+    fwd.push_back({.kv = &*r.kv,
+                   .tokens = std::span<const int32_t>(r.request.prompt.data() + begin,
+                                                      static_cast<size_t>(take[i])),
+                   .all_logits = false});
+    any_final |= r.prefilled + take[i] == static_cast<int64_t>(r.request.prompt.size());
   }
-  const Modes m = modes_for(finals);
+  // Prefill may take the backend's fast path (ForwardOptions::prefill): on
+  // the CPU it is the batch-invariant path itself; on CUDA its bits depend on
+  // the forward's rows, which fixed pieces keep to one piece of one prompt.
+  const gemma4::ForwardOutput& out =
+      target.forward(fwd, {.compute_logits = any_final, .prefill = true});
+  last_hidden = out.hidden;
+  if (any_final && first_logits.size() == 0) {
+    first_logits = DeviceBuffer(be, static_cast<size_t>(max_rows * V) * sizeof(float));
+  }
+  const Tensor kept = any_final ? first_logits.view(DType::kF32, {max_rows, V}) : Tensor();
+  const size_t finals_before = final_rows.size();
+  spill_src.clear();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Row& r = *rows[i];
+    r.prefilled += take[i];
+    ++r.result.stats.target_forwards;
+    if (r.prefilled != static_cast<int64_t>(r.request.prompt.size())) continue;
+    const int64_t out_row = out.row_out_begin[i];
+    const auto j = static_cast<int64_t>(final_rows.size());
+    be.copy(out.logits.slice_rows(out_row, out_row + 1), kept.slice_rows(j, j + 1));
+    final_rows.push_back(&r);
+    spill_src.push_back(out_row);
+    if (needs_hidden && !device_drafter) {
+      be.download(out.hidden.slice_rows(out_row, out_row + 1), r.hidden.data());
+      r.hidden_at = HiddenAt::kHost;
+    }
+  }
+  if (needs_hidden && device_drafter) {
+    // Region 1 of the store: the step's finished prefills, in order.
+    const std::span<Row* const> fresh(final_rows.data() + finals_before,
+                                      final_rows.size() - finals_before);
+    store_hiddens(out.hidden, fresh, spill_src, max_rows + fresh_hiddens);
+    fresh_hiddens += static_cast<int64_t>(fresh.size());
+  }
+}
+
+// The first token of every row whose prompt this step's prefill completed
+// (final_rows[j] owns row j of first_logits), sampled as one batch.
+void Engine::State::first_tokens() {
+  std::span<Row* const> rows = final_rows;
   const auto n = static_cast<int64_t>(rows.size());
+  const Tensor logits_all = first_logits.view(DType::kF32, {max_rows, V}).slice_rows(0, n);
+  const Modes m = modes_for(rows);
   const int32_t* ids = nullptr;
   const int32_t* sampled = nullptr;
   if (m.device_greedy) {
-    ids = device_argmax(out.logits);
+    ids = device_argmax(logits_all);
   } else if (m.device_sampling) {
-    // One window row per forward row (its last), k = 0: plain sampling from p.
-    // Rows whose prompt is not complete take the argmax and draw nothing.
-    DeviceRounds& d = device_rounds(m, finals);
+    // One window row per prompt (its last), k = 0: plain sampling from p.
+    DeviceRounds& d = device_rounds(m, rows);
     int32_t* row_begin = d.host_idx.data() + d.row_begin_at();
     for (int64_t i = 0; i <= n; ++i) row_begin[i] = static_cast<int32_t>(i);
     d.pen_lists = 0;
-    static const SamplingParams kGreedy{.temperature = 0.0f};
     for (int64_t i = 0; i < n; ++i) {
       Row& r = *rows[static_cast<size_t>(i)];
-      const bool final = r.prefilled == static_cast<int64_t>(r.request.prompt.size());
-      const SamplingParams& p = final ? r.request.params : kGreedy;
-      if (final) {
-        d.stage_sample(d.window_at() + i, r.rng, row_sampling_of(p));
-      } else {
-        d.host_uniforms[static_cast<size_t>(d.window_at() + i)] = 0;
-        d.host_params[static_cast<size_t>(d.window_at() + i)] = row_sampling_of(p);
-      }
+      d.stage_sample(d.window_at() + i, r.rng, row_sampling_of(r.request.params));
       if (d.penalties()) {
-        const int32_t list = d.stage_list(r.penalty_list, r.history, r.request.prompt.size(), p);
-        d.stage_penalty_row(d.window_at() + i, list, p, {});
+        const int32_t list =
+            d.stage_list(r.penalty_list, r.history, r.request.prompt.size(), r.request.params);
+        d.stage_penalty_row(d.window_at() + i, list, r.request.params, {});
       }
     }
     be.upload_async(d.host_idx.data(), d.idx_slice(0, d.idx_size()));
     d.upload_sampling(be);
     if (d.penalties()) d.upload_penalties(be);
-    device_accept(out.logits, d.ids_slice(0, n), n);
+    device_accept(logits_all, d.ids_slice(0, n), n);
     be.download(d.accepted(n), d.host_ids.data());
-    sampled = d.host_ids.data();  // {accepted = 0, token} per forward row
+    sampled = d.host_ids.data();  // {accepted = 0, token} per prompt
   }
   const float* logits =
-      m.device_greedy || m.device_sampling ? nullptr : on_host(out.logits, &logits_host);
-  const bool hidden_on_host = needs_hidden && !device_drafter;
-  const float* hidden = hidden_on_host ? on_host(out.hidden, &hidden_host) : nullptr;
+      m.device_greedy || m.device_sampling ? nullptr : on_host(logits_all, &logits_host);
   const auto now = Clock::now();
-  spill_src.clear();
   for (int64_t i = 0; i < n; ++i) {
     Row& r = *rows[static_cast<size_t>(i)];
-    if (r.prefilled != static_cast<int64_t>(r.request.prompt.size())) continue;
     if (m.device_greedy) {
       r.pending = ids[i];
     } else if (m.device_sampling) {
@@ -476,18 +515,11 @@ void Engine::State::first_tokens(const gemma4::ForwardOutput& out, std::span<Row
       std::span<const float> row_logits(logits + i * V, static_cast<size_t>(V));
       r.pending = sample_token(row_logits, r.history_view(), r.request.params, ws, r.rng);
     }
-    if (hidden_on_host) {
-      std::memcpy(r.hidden.data(), hidden + i * H, static_cast<size_t>(H) * sizeof(float));
-      r.hidden_at = HiddenAt::kHost;
-    }
-    spill_src.push_back(out.row_out_begin[static_cast<size_t>(i)]);
     r.decoding = true;
     r.t_first_token = now;
     r.result.stats.prefill_seconds = seconds_between(r.t_admitted, now);
     emit(r, r.pending);
   }
-  (void)take;
-  if (needs_hidden && device_drafter) store_hiddens(out.hidden, finals, spill_src, 1);
 }
 
 // ---------------------------------------------------------------------------

@@ -18,9 +18,8 @@
 // A request's tokens never depend on what else runs beside it: every row has
 // its own sampling stream, its draft length depends only on its own history,
 // and the kernels are batch invariant (a row's bits do not depend on the other
-// rows of a forward). On the CPU that includes prefill at any chunk budget;
-// on CUDA a prefill chunk's bits may still depend on its length (docs/
-// architecture.md, "Determinism").
+// rows of a forward), and prefill goes in pieces fixed in absolute position
+// (EngineOptions::prefill_chunk), each its own forward.
 //
 // KV memory: every row holds one sequence cache of the target's max_context
 // (sliding layers: a ring), so the pool is a number of rows. It is sized at
@@ -56,6 +55,13 @@ struct EngineOptions {
   // then prefill chunks with what is left (vLLM's --max-num-batched-tokens).
   // 0: no limit (each prompt prefills in one chunk).
   int64_t max_batch_tokens = 0;
+  // Prefill pieces end at multiples of this many positions, and each runs as
+  // its own forward, so a prompt's prefill bits never depend on the budget or
+  // on other prompts (the backend's fast prefill path may depend on a
+  // forward's rows). 0: each step prefills every admitted prompt's chunk in
+  // one forward (fewer forwards; a prefill's bits may then depend on the
+  // other prompts, on CUDA).
+  int64_t prefill_chunk = 512;
   // KV memory for the rows' caches: bytes when > 1, a fraction of the
   // device's free memory when in (0, 1], 0 for no budget (max_rows rows).
   double kv_memory = 0;

@@ -116,7 +116,9 @@ struct Engine::State {
   std::vector<int32_t> hidden_idx_host;
   Tensor last_hidden;  // the last target forward's hidden output
   bool last_hidden_valid = false;
-  Tensor round_hidden_src;  // where this round's step 0 gathers its hiddens from
+  int64_t fresh_hiddens = 0;  // rows of the store's region 1 taken this step
+  DeviceBuffer first_logits;  // f32 [max_rows, V]: last logits of the step's finished prompts
+  Tensor round_hidden_src;    // where this round's step 0 gathers its hiddens from
 
   SamplingWorkspace ws, ws_draft;
   std::vector<float> residual;
@@ -157,13 +159,13 @@ struct Engine::State {
   // ---- drafter inputs ----
   void spill_last_output();
   void store_hiddens(const Tensor& src, std::span<Row* const> rows,
-                     std::span<const int64_t> src_rows, int64_t region);
+                     std::span<const int64_t> src_rows, int64_t at);
   void prepare_round_hiddens(bool dev_round);
 
   // ---- prefill ----
   int64_t prefill(int64_t budget);
-  void first_tokens(const gemma4::ForwardOutput& out, std::span<Row* const> rows,
-                    std::span<const int64_t> take);
+  void prefill_forward(std::span<Row* const> rows, std::span<const int64_t> take);
+  void first_tokens();
 
   // ---- rounds ----
   int64_t round_tokens() const;

@@ -70,12 +70,14 @@ int32_t ReplayDrafter::proposal(int step_index, const DraftRow& row) const {
   const size_t s = std::min(static_cast<size_t>(step_index), profile_.size() - 1);
   const double before = s == 0 ? 1.0 : profile_[s - 1];
   const double keep = std::min(1.0, profile_[s] / before);
-  const uint64_t draw = mix(seed_ ^ mix(it != references_.end() ? it->first : 0) ^
-                            mix(static_cast<uint64_t>(target_at) * 131 + static_cast<uint64_t>(step_index)));
+  const uint64_t draw =
+      mix(seed_ ^ mix(it != references_.end() ? it->first : 0) ^
+          mix(static_cast<uint64_t>(target_at) * 131 + static_cast<uint64_t>(step_index)));
   const double u = static_cast<double>(draw >> 11) * 0x1.0p-53;
   if (known && u < keep) return right;
   // A wrong token: any other one.
-  return static_cast<int32_t>((right + 1 + static_cast<int64_t>(mix(draw) % static_cast<uint64_t>(V - 1))) % V);
+  return static_cast<int32_t>(
+      (right + 1 + static_cast<int64_t>(mix(draw) % static_cast<uint64_t>(V - 1))) % V);
 }
 
 Tensor ReplayDrafter::proposals(int step_index, std::span<const DraftRow> rows) {
@@ -88,11 +90,13 @@ Tensor ReplayDrafter::proposals(int step_index, std::span<const DraftRow> rows) 
     host_values_.assign(static_cast<size_t>(capacity_rows_), 1.0f);
     host_ids_.resize(static_cast<size_t>(capacity_rows_));
   }
-  for (int64_t i = 0; i < n; ++i) host_ids_[static_cast<size_t>(i)] = proposal(step_index, rows[static_cast<size_t>(i)]);
+  for (int64_t i = 0; i < n; ++i)
+    host_ids_[static_cast<size_t>(i)] = proposal(step_index, rows[static_cast<size_t>(i)]);
   char* base = static_cast<char*>(scatter_.data());
   const Device dev = backend_.device();
   const Tensor values(base, DType::kF32, {n, 1}, dev);
-  const Tensor ids(base + static_cast<size_t>(capacity_rows_) * sizeof(float), DType::kI32, {n, 1}, dev);
+  const Tensor ids(base + static_cast<size_t>(capacity_rows_) * sizeof(float), DType::kI32, {n, 1},
+                   dev);
   backend_.upload_async(host_values_.data(), values);
   backend_.upload_async(host_ids_.data(), ids);
   const Tensor out = logits_.view(DType::kF32, {capacity_rows_, V}).slice_rows(0, n);
