@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sampled decoding on the GPU machine, device sampling against host sampling
-# (SPECULA_HOST_SAMPLING=1: logits read back and sampled on the host), in one
+# (bench --host-sampling: logits read back and sampled on the host), in one
 # run: the CUDA tests (GTEST_FILTER to narrow them), then `specula bench` end to
 # end at temperature > 0 for each preset (random bf16 weights of the released
 # shapes, random drafter: tau ~ 1, so the rows measure the cost of sampling)
