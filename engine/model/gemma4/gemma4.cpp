@@ -291,6 +291,17 @@ const ForwardOutput& Gemma4Model::stage(std::span<const ForwardRow> rows,
     M += static_cast<int64_t>(row.tokens.size());
     n_out += row.all_logits ? static_cast<int64_t>(row.tokens.size()) : 1;
   }
+  if (!options.tap_layers.empty()) {
+    const Tensor& t = options.tap_out;
+    const auto n = static_cast<int64_t>(options.tap_layers.size());
+    if (t.dtype() != DType::kF32 || t.shape() != Shape{n, M, H} || t.device() != be.device()) {
+      fail("forward: tap_out {} must be f32 [{}, {}, {}] on {} (taps x tokens x hidden)",
+           t.describe(), n, M, H, be.device().str());
+    }
+    for (int layer : options.tap_layers) {
+      if (layer < 0 || layer > L) fail("forward: tap layer {} is outside [0, {}]", layer, L);
+    }
+  }
   if (!options.token_ids.empty()) {
     const Tensor& ids = options.token_ids;
     if (ids.dtype() != DType::kI32 || ids.shape() != Shape{M} || ids.device() != be.device()) {
@@ -435,6 +446,9 @@ void Gemma4Model::append_staged_key(std::vector<int64_t>& key) const {
   key.push_back(staged_options_.compute_logits);
   key.push_back(reinterpret_cast<intptr_t>(arena_.base()));
   key.push_back(reinterpret_cast<intptr_t>(staged_options_.token_ids.data()));
+  key.push_back(reinterpret_cast<intptr_t>(staged_options_.tap_out.data()));
+  for (int layer : staged_options_.tap_layers) key.push_back(layer);
+  key.push_back(static_cast<int64_t>(staged_options_.tap_layers.size()));
   for (size_t r = 0; r < staged_rows_.size(); ++r) {
     const RowPlan& p = plans_[r];
     key.push_back(p.n);
@@ -499,6 +513,21 @@ void Gemma4Model::run_step(std::span<const ForwardRow> rows, const ForwardOption
     be.download(s.h, output_.layer_hidden.back().view().data());
   }
 
+  // Device taps of hidden_states[index] (the residual stream s.h; index L is
+  // taken after the loop, normed).
+  auto tap = [&](int index) {
+    for (size_t k = 0; k < options.tap_layers.size(); ++k) {
+      if (options.tap_layers[k] != index) continue;
+      const Tensor dst = options.tap_out.reshape({static_cast<int64_t>(options.tap_layers.size()) * M, H})
+                             .slice_rows(static_cast<int64_t>(k) * M, static_cast<int64_t>(k + 1) * M);
+      if (index < L) {
+        be.copy(s.h, dst);
+      } else {
+        be.rms_norm(s.h, weights_.norm, static_cast<float>(c.rms_norm_eps), dst);
+      }
+    }
+  };
+  tap(0);
   bool xn_ready = false;  // s.xn already holds the next layer's normed input
   for (int l = 0; l < L; ++l) {
     // Capturing the hidden states needs s.h after every layer: no fusion across layers.
@@ -507,7 +536,9 @@ void Gemma4Model::run_step(std::span<const ForwardRow> rows, const ForwardOption
       output_.layer_hidden.emplace_back(DType::kF32, Shape{M, H});
       be.download(s.h, output_.layer_hidden.back().view().data());
     }
+    if (l + 1 < L) tap(l + 1);
   }
+  tap(L);
 
   // Donor K/V of row 0, for `score` and drafters.
   output_.sliding_donor.reset();

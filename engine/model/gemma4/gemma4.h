@@ -50,6 +50,15 @@ struct ForwardOptions {
   // the host has not read back. The ids are trusted to be in the vocabulary
   // (they come from an argmax over it).
   Tensor token_ids;
+  // Device taps, for drafters that read the target's hidden states: for every
+  // token of the forward, the hidden state at each index in tap_layers (as
+  // transformers' hidden_states: 0 = the scaled embeddings, l in [1, L) =
+  // after layer l, L = num_hidden_layers = after the final norm), written to
+  // tap_out, f32 [tap_layers.size(), M, H] on the model's device (M = all rows'
+  // tokens, in row order). Device copies only: a recorded step records them.
+  // No tap asked: the forward is unchanged, bit for bit.
+  std::span<const int> tap_layers;
+  Tensor tap_out;
 };
 
 // Results of one forward. Views (on the model's device) point into its scratch and stay valid
