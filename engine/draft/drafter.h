@@ -36,6 +36,17 @@ struct DraftDeviceInputs {
   Tensor hidden;
 };
 
+// What one target forward committed to a sequence's cache: `count` tokens
+// from `position` on (a verify window's pending token and accepted drafts, or
+// a prefill piece), whose tapped hiddens are rows [tap_row, tap_row + count)
+// of each tap of the forward.
+struct CommittedRow {
+  int request = 0;  // DraftRow::request of the sequence
+  int64_t position = 0;
+  int count = 0;
+  int64_t tap_row = 0;
+};
+
 class Drafter {
  public:
   virtual ~Drafter() = default;
@@ -53,6 +64,20 @@ class Drafter {
   // only on the row's own history, so a request's drafts never depend on the
   // other rows.
   virtual int propose(const DraftRow& row, std::span<int32_t> out);
+  // The target hidden states this drafter reads (indices of transformers'
+  // hidden_states: 0 = embeddings, l = after layer l, L = after the final
+  // norm). The engine taps them in every target forward of the drafter's
+  // rows and passes them to on_committed(). Default: none.
+  virtual std::span<const int> taps() const { return {}; }
+  // After every target forward: what each of its rows committed, and the
+  // forward's taps, f32 [taps().size(), M, H] on the target's device (M = the
+  // forward's tokens; empty without taps), valid until the next forward. A
+  // drafter that keeps its own context grows or trims it here. Default:
+  // nothing.
+  virtual void on_committed(std::span<const CommittedRow> rows, const Tensor& taps) {}
+  // The sequence `request` ended (finished or cancelled); its id may be
+  // reused. Default: nothing.
+  virtual void release(int request) {}
   // Whether step_on_device() is implemented.
   virtual bool takes_device_inputs() const { return false; }
   // As step(step_index, rows), reading each row's token (and, at step 0, its

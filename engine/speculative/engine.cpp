@@ -58,6 +58,17 @@ void Engine::State::configure() {
   }
   device_drafter = drafter == nullptr || (drafter->takes_device_inputs() && !o.modes.host_rounds);
   needs_hidden = drafter != nullptr && !drafter->proposes_tokens();
+  if (drafter) {
+    const std::span<const int> taps = drafter->taps();
+    tap_layers.assign(taps.begin(), taps.end());
+    for (int layer : tap_layers) {
+      if (layer < 0 || layer > target.config().num_hidden_layers) {
+        fail("the drafter asks for a tap of hidden_states[{}]; the target has {} layers", layer,
+             target.config().num_hidden_layers);
+      }
+    }
+  }
+  committed.reserve(static_cast<size_t>(o.max_rows));
 
   row_bytes = row_bytes_of(target.kv_spec());
   max_rows = o.max_rows;
@@ -191,6 +202,7 @@ void Engine::State::finish_step() {
       r->reported = n;
     }
     if (r->done) {
+      if (drafter) drafter->release(static_cast<int>(r->slot));
       r->result.stats.decode_seconds = r->decoding ? seconds_between(r->t_first_token, now) : 0.0;
       r->kv.reset();
       ended.push_back(std::move(slots[r->slot]));
@@ -288,6 +300,22 @@ void Engine::State::device_accept(const Tensor& logits, const Tensor& tokens, in
                               .uniforms = d.uniforms_slice(d.window_at(), window),
                               .row_begin = d.idx_slice(d.row_begin_at(), n_rows + 1),
                               .out = d.accepted(n_rows)});
+}
+
+void Engine::State::add_taps(gemma4::ForwardOptions& options, int64_t M) {
+  if (tap_layers.empty()) return;
+  const auto n = static_cast<int64_t>(tap_layers.size());
+  if (M > tap_tokens) {
+    // Room for the largest verify round too, so that steady-state rounds never grow it.
+    tap_tokens = std::max<int64_t>(M, static_cast<int64_t>(max_rows) * (max_k + 1));
+    tap_buf = DeviceBuffer(be, static_cast<size_t>(n * tap_tokens * H) * sizeof(float));
+  }
+  options.tap_layers = tap_layers;
+  options.tap_out = tap_buf.view(DType::kF32, {n, M, H});
+}
+
+void Engine::State::report_committed(const gemma4::ForwardOptions& options) {
+  if (drafter && !committed.empty()) drafter->on_committed(committed, options.tap_out);
 }
 
 // ---------------------------------------------------------------------------
@@ -435,9 +463,20 @@ void Engine::State::prefill_forward(std::span<Row* const> rows, std::span<const 
   // Prefill may take the backend's fast path (ForwardOptions::prefill): on
   // the CPU it is the batch-invariant path itself; on CUDA its bits depend on
   // the forward's rows, which fixed pieces keep to one piece of one prompt.
-  const gemma4::ForwardOutput& out =
-      target.forward(fwd, {.compute_logits = any_final, .prefill = true});
+  gemma4::ForwardOptions options{.compute_logits = any_final, .prefill = true};
+  int64_t M = 0;
+  committed.clear();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    committed.push_back({.request = static_cast<int>(rows[i]->slot),
+                         .position = rows[i]->prefilled,
+                         .count = static_cast<int>(take[i]),
+                         .tap_row = M});
+    M += take[i];
+  }
+  add_taps(options, M);
+  const gemma4::ForwardOutput& out = target.forward(fwd, options);
   last_hidden = out.hidden;
+  report_committed(options);
   if (any_final && first_logits.size() == 0) {
     first_logits = DeviceBuffer(be, static_cast<size_t>(max_rows * V) * sizeof(float));
   }

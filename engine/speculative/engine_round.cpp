@@ -234,8 +234,10 @@ const gemma4::ForwardOutput& Engine::State::verify(const Modes& m) {
     verify_options.token_ids = d.gathered_slice(0, M);
     be.gather_rows(d.ids_slice(0, d.ids_size()), d.idx_slice(d.B, M), verify_options.token_ids);
   }
+  add_taps(verify_options, M);
   const gemma4::ForwardOutput& out = target.forward(fwd, verify_options);
   last_hidden = out.hidden;
+  verify_taps = verify_options.tap_out;
   last_hidden_valid = false;
   if (!m.use_dev) return out;
   DeviceRounds& d = *dev;
@@ -284,6 +286,8 @@ void Engine::State::accept(const gemma4::ForwardOutput& out, const Modes& m) {
   const float* verify_hidden =
       needs_hidden && !m.use_dev ? on_host(out.hidden, &hidden_host) : nullptr;
 
+  committed.clear();
+  int64_t window_at = 0;  // the row's first token in the forward
   for (size_t a = 0; a < active.size(); ++a) {
     Row& r = *active[a];
     DecodeStats& st = r.result.stats;
@@ -351,6 +355,11 @@ void Engine::State::accept(const gemma4::ForwardOutput& out, const Modes& m) {
 
     // Keep [pending, d1..dn] in the cache; the new pending token heads the next window.
     r.kv->truncate(pos0[a] + 1 + n);
+    committed.push_back({.request = static_cast<int>(r.slot),
+                         .position = pos0[a],
+                         .count = 1 + n,
+                         .tap_row = window_at});
+    window_at += 1 + k;
     bool alive = true;
     for (int j = 0; j < n && alive; ++j) alive = emit(r, r.drafts[static_cast<size_t>(j)]);
     if (alive) {
@@ -370,6 +379,7 @@ void Engine::State::accept(const gemma4::ForwardOutput& out, const Modes& m) {
     }
   }
   last_hidden_valid = m.use_dev && needs_hidden;
+  if (drafter) drafter->on_committed(committed, verify_taps);
 }
 
 }  // namespace specula::speculative

@@ -117,6 +117,13 @@ struct Engine::State {
   Tensor last_hidden;  // the last target forward's hidden output
   bool last_hidden_valid = false;
   int64_t fresh_hiddens = 0;  // rows of the store's region 1 taken this step
+  // The drafter's taps of every target forward (Drafter::taps), f32
+  // [taps, M, H]; sized for the largest forward so far.
+  std::vector<int> tap_layers;
+  DeviceBuffer tap_buf;
+  int64_t tap_tokens = 0;  // M the buffer holds
+  std::vector<CommittedRow> committed;
+  Tensor verify_taps;         // the round's taps (empty without)
   DeviceBuffer first_logits;  // f32 [max_rows, V]: last logits of the step's finished prompts
   Tensor round_hidden_src;    // where this round's step 0 gathers its hiddens from
 
@@ -174,6 +181,10 @@ struct Engine::State {
   void draft_on_device(int round_k);
   void draft_on_host(const Modes& m);
   void propose_drafts();
+  // Options of a target forward of M tokens with the drafter's taps.
+  void add_taps(gemma4::ForwardOptions& options, int64_t M);
+  // Tells the drafter what a prefill forward committed (State::committed).
+  void report_committed(const gemma4::ForwardOptions& options);
   const gemma4::ForwardOutput& verify(const Modes& m);
   void accept(const gemma4::ForwardOutput& out, const Modes& m);
 };

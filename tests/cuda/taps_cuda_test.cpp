@@ -55,7 +55,8 @@ TEST(CudaTaps, ReplayedStepsTapWhatCaptureDownloads) {
       for (size_t k = 0; k < layers.size(); ++k) {
         const float* want = captured[static_cast<size_t>(layers[k])].view().data_as<const float>();
         EXPECT_EQ(
-            std::memcmp(got.data() + k * M * H, want, static_cast<size_t>(M * H) * sizeof(float)), 0)
+            std::memcmp(got.data() + k * M * H, want, static_cast<size_t>(M * H) * sizeof(float)),
+            0)
             << name << " call " << i << ": tap of hidden_states[" << layers[k] << "]";
       }
     }

@@ -518,8 +518,9 @@ void Gemma4Model::run_step(std::span<const ForwardRow> rows, const ForwardOption
   auto tap = [&](int index) {
     for (size_t k = 0; k < options.tap_layers.size(); ++k) {
       if (options.tap_layers[k] != index) continue;
-      const Tensor dst = options.tap_out.reshape({static_cast<int64_t>(options.tap_layers.size()) * M, H})
-                             .slice_rows(static_cast<int64_t>(k) * M, static_cast<int64_t>(k + 1) * M);
+      const Tensor dst =
+          options.tap_out.reshape({static_cast<int64_t>(options.tap_layers.size()) * M, H})
+              .slice_rows(static_cast<int64_t>(k) * M, static_cast<int64_t>(k + 1) * M);
       if (index < L) {
         be.copy(s.h, dst);
       } else {

@@ -52,8 +52,8 @@ TEST(Taps, EqualCapturedHiddenStatesAndChangeNothing) {
     be.download(options.tap_out, got.data());
     for (size_t k = 0; k < layers.size(); ++k) {
       const float* want = captured[static_cast<size_t>(layers[k])].view().data_as<const float>();
-      EXPECT_EQ(std::memcmp(got.data() + k * M * H, want, static_cast<size_t>(M * H) * sizeof(float)),
-                0)
+      EXPECT_EQ(
+          std::memcmp(got.data() + k * M * H, want, static_cast<size_t>(M * H) * sizeof(float)), 0)
           << name << ": tap of hidden_states[" << layers[k] << "]";
     }
     // Bad taps are refused, naming the layer or the shape.

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <random>
@@ -247,6 +248,112 @@ TEST_F(EngineTest, ReplayAcceptanceFollowsItsProfile) {
   EXPECT_THROW(replay::parse_acceptance_profile("0.8,1.2"), Error);
   EXPECT_THROW(replay::parse_acceptance_profile("0.8,,0.2"), Error);
   EXPECT_THROW(replay::parse_acceptance_profile(""), Error);
+}
+
+// A drafter that proposes by prompt lookup and records what the engine tells
+// it: per sequence, the tapped hiddens of every committed position, and the
+// tokens it saw (to tell the sequences apart).
+class TapRecorder final : public Drafter {
+ public:
+  TapRecorder(Backend& be, int64_t vocab, std::vector<int> taps, int64_t hidden)
+      : be_(be), vocab_(vocab), taps_(std::move(taps)), H_(hidden) {}
+  struct Sequence {
+    std::vector<int32_t> history;              // the longest seen
+    std::map<int64_t, std::vector<float>> at;  // position -> [taps, H]
+    int commits = 0;
+  };
+  int64_t vocab_size() const override { return vocab_; }
+  Tensor step(int, std::span<const DraftRow>) override { fail("TapRecorder proposes tokens"); }
+  bool proposes_tokens() const override { return true; }
+  int propose(const DraftRow& row, std::span<int32_t> out) override {
+    Sequence& s = live_[row.request];
+    if (row.history.size() > s.history.size())
+      s.history.assign(row.history.begin(), row.history.end());
+    return ngram::propose_ngram(row.history, {}, out);
+  }
+  std::span<const int> taps() const override { return taps_; }
+  void on_committed(std::span<const CommittedRow> rows, const Tensor& t) override {
+    const int64_t n = static_cast<int64_t>(taps_.size());
+    EXPECT_EQ(t.dim(0), n);
+    std::vector<float> all(static_cast<size_t>(t.numel()));
+    be_.download(t, all.data());
+    const int64_t M = t.dim(1);
+    for (const CommittedRow& c : rows) {
+      Sequence& s = live_[c.request];
+      ++s.commits;
+      for (int j = 0; j < c.count; ++j) {
+        std::vector<float> v(static_cast<size_t>(n * H_));
+        for (int64_t k = 0; k < n; ++k) {
+          const float* src = all.data() + (k * M + c.tap_row + j) * H_;
+          std::copy(src, src + H_, v.begin() + k * H_);
+        }
+        EXPECT_TRUE(s.at.emplace(c.position + j, std::move(v)).second)
+            << "position " << c.position + j << " committed twice";
+      }
+    }
+  }
+  void release(int request) override {
+    ASSERT_TRUE(live_.count(request)) << "release of an unknown sequence " << request;
+    ended.push_back(std::move(live_[request]));
+    live_.erase(request);
+  }
+  std::vector<Sequence> ended;
+
+ private:
+  Backend& be_;
+  int64_t vocab_;
+  std::vector<int> taps_;
+  int64_t H_;
+  std::map<int, Sequence> live_;
+};
+
+// A drafter that asks for taps gets, for every position a sequence commits
+// (prefill pieces and accepted windows), exactly the hidden states a single
+// forward over the final sequence computes there; and a release per sequence.
+TEST_F(EngineTest, DraftersGetTheTapsOfEveryCommittedPosition) {
+  const int L = target_->config().num_hidden_layers;
+  const int64_t H = target_->config().hidden_size;
+  TapRecorder recorder(target_->backend(), target_->config().vocab_size, {1, L}, H);
+  const int vocab = static_cast<int>(target_->config().vocab_size);
+  std::vector<DecodeRequest> reqs = testing::mixed_requests(6, vocab, 31);
+  for (DecodeRequest& r : reqs) {
+    r.draft_tokens = -1;
+    r.params.max_tokens = std::max(r.params.max_tokens, 3);
+    r.params.stop_token_ids.clear();
+  }
+  Engine engine(*target_, &recorder,
+                {.schedule = {.draft_tokens = 3},
+                 .max_rows = 3,
+                 .max_batch_tokens = 24,
+                 .prefill_chunk = 16});
+  const auto results = speculative::decode(engine, reqs);
+  ASSERT_EQ(recorder.ended.size(), reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    std::vector<int32_t> seq = reqs[i].prompt;
+    seq.insert(seq.end(), results[i].tokens.begin(), results[i].tokens.end());
+    seq.pop_back();  // the last token is emitted, never forwarded
+    const auto it = std::find_if(recorder.ended.begin(), recorder.ended.end(), [&](const auto& s) {
+      return s.history.size() >= reqs[i].prompt.size() &&
+             std::equal(reqs[i].prompt.begin(), reqs[i].prompt.end(), s.history.begin());
+    });
+    ASSERT_NE(it, recorder.ended.end()) << "request " << i;
+    ASSERT_EQ(it->at.size(), seq.size()) << "request " << i << ": committed positions";
+    EXPECT_EQ(it->at.begin()->first, 0);
+    EXPECT_EQ(it->at.rbegin()->first, static_cast<int64_t>(seq.size()) - 1);
+    SequenceKv kv = target_->new_sequence();
+    const gemma4::ForwardRow row{.kv = &kv, .tokens = seq, .all_logits = false};
+    const gemma4::ForwardOutput& out =
+        target_->forward(std::span(&row, 1), {.capture_layer_hidden = true});
+    for (const auto& [pos, v] : it->at) {
+      for (int k = 0; k < 2; ++k) {
+        const float* want =
+            out.layer_hidden[static_cast<size_t>(k == 0 ? 1 : L)].view().data_as<const float>() +
+            pos * H;
+        ASSERT_EQ(std::memcmp(v.data() + k * H, want, static_cast<size_t>(H) * sizeof(float)), 0)
+            << "request " << i << " position " << pos << " tap " << k;
+      }
+    }
+  }
 }
 
 TEST(NgramProposal, LatestLongestMatch) {
