@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "engine/core/error.h"
+#include "engine/sampling/sampler.h"
 
 namespace specula {
 
@@ -44,6 +45,24 @@ void residual_distribution(std::span<const float> p, std::span<const float> q,
   }
   const double inv = 1.0 / mass;
   for (float& x : out) x = static_cast<float>(x * inv);
+}
+
+WindowVerdict verify_window(std::span<const int32_t> drafts, const DistributionAt& p,
+                            const DistributionAt& q, std::span<const double> u,
+                            std::span<float> residual) {
+  const auto k = static_cast<int>(drafts.size());
+  if (u.size() != drafts.size() + 1) {
+    fail("verify_window: {} drafts need {} uniforms, got {}", k, k + 1, u.size());
+  }
+  for (int n = 0; n < k; ++n) {
+    const std::span<const float> pn = p(n);
+    const std::span<const float> qn = q(n);
+    if (!accept_draft(pn, qn, drafts[static_cast<size_t>(n)], u[static_cast<size_t>(n)])) {
+      residual_distribution(pn, qn, residual);
+      return {.accepted = n, .next = sample_at(residual, u[static_cast<size_t>(k)])};
+    }
+  }
+  return {.accepted = k, .next = sample_at(p(k), u[static_cast<size_t>(k)])};
 }
 
 }  // namespace specula

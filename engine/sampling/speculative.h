@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 
 namespace specula {
@@ -25,5 +26,32 @@ bool accept_draft(std::span<const float> p, std::span<const float> q, int32_t to
 // p itself, renormalised. Throws Error on size mismatch or when p has no mass.
 void residual_distribution(std::span<const float> p, std::span<const float> q,
                            std::span<float> out);
+
+// What a verify window gives: how many drafts were kept, and the token that
+// follows them (the residual's sample at the first rejection, else the bonus
+// token drawn from p after the last draft).
+struct WindowVerdict {
+  int accepted = 0;
+  int32_t next = 0;
+};
+
+// A distribution over the vocabulary at window row j, f32 [V]; the span must
+// stay valid until the next call.
+using DistributionAt = std::function<std::span<const float>(int j)>;
+
+// Exact speculative sampling over one verify window: THE definition, which the
+// host path and the CPU backend's speculative_accept_rows call and the device
+// kernels are tested against. drafts d_0..d_{k-1} (k >= 0; a ragged or pruned
+// window is just a shorter one); p(j), j = 0..k, the target's processed
+// distribution at window row j (given the history and d_0..d_{j-1}); q(j),
+// j < k, the distribution d_j was drafted from (a point mass at d_j for a
+// drafter that proposes tokens); u, k + 1 uniforms in [0, 1): u[j] tests d_j
+// (accept_draft), u[k] draws the replacement or the bonus token (sample_at).
+// Drafts are tested in order and stop at the first rejection; p(j) and q(j)
+// are each asked for at most once, in increasing j, so a caller may compute
+// them lazily into one workspace. `residual`: scratch of V floats.
+WindowVerdict verify_window(std::span<const int32_t> drafts, const DistributionAt& p,
+                            const DistributionAt& q, std::span<const double> u,
+                            std::span<float> residual);
 
 }  // namespace specula

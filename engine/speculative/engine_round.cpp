@@ -310,37 +310,43 @@ void Engine::State::accept(const gemma4::ForwardOutput& out, const Modes& m) {
       check_sampled(r, next);
       SPECULA_CHECK(n >= 0 && n <= k, "request {}: {} drafts accepted of {}", r.id, n, k);
     }
-    for (; sampled == nullptr && n < k; ++n) {
-      const TokenHistory hist = r.history_view();
+    const bool host_sampled = sampled == nullptr && verify_ids == nullptr && !params.greedy();
+    if (host_sampled) {
+      // Exact speculative sampling on the host (sampling/speculative.h). p at
+      // window row j sees the history and the drafts before j (penalties).
+      size_t pushed = 0;
+      const WindowVerdict verdict = verify_window(
+          std::span<const int32_t>(r.drafts.data(), static_cast<size_t>(k)),
+          [&](int j) {
+            for (; pushed < static_cast<size_t>(j); ++pushed) r.history.push_back(r.drafts[pushed]);
+            return process_logits(target_logits(j), r.history_view(), params, ws);
+          },
+          [&](int j) {
+            return std::span<const float>(r.q.data() + static_cast<size_t>(j) * V,
+                                          static_cast<size_t>(V));
+          },
+          std::span<const double>(r.round_u.data() + k, static_cast<size_t>(k + 1)), residual);
+      r.history.resize(r.history.size() - pushed);  // emit() appends what was kept
+      n = verdict.accepted;
+      next = verdict.next;
+    }
+    // Greedy: the longest prefix equal to the target's choice, then its token.
+    for (; sampled == nullptr && !host_sampled && n < k; ++n) {
       if (verify_ids != nullptr) {
         next = verify_ids[out0 + n];
-        if (next != r.drafts[static_cast<size_t>(n)]) break;
-      } else if (params.greedy()) {
-        next = greedy_token(target_logits(n), hist, params, ws);
-        if (next != r.drafts[static_cast<size_t>(n)]) break;
       } else {
-        std::span<const float> p = process_logits(target_logits(n), hist, params, ws);
-        std::span<const float> q(r.q.data() + static_cast<size_t>(n) * V, static_cast<size_t>(V));
-        if (!accept_draft(p, q, r.drafts[static_cast<size_t>(n)],
-                          r.round_u[static_cast<size_t>(k + n)])) {
-          residual_distribution(p, q, residual);
-          next = sample_at(residual, r.round_u[static_cast<size_t>(2 * k)]);
-          break;
-        }
+        next = greedy_token(target_logits(n), r.history_view(), params, ws);
       }
+      if (next != r.drafts[static_cast<size_t>(n)]) break;
       r.history.push_back(r.drafts[static_cast<size_t>(n)]);
     }
-    if (sampled == nullptr && n == k) {
-      if (verify_ids != nullptr) {
-        next = verify_ids[out0 + k];
-      } else if (params.greedy()) {
-        next = greedy_token(target_logits(k), r.history_view(), params, ws);
-      } else {
-        next = sample_at(process_logits(target_logits(k), r.history_view(), params, ws),
-                         r.round_u[static_cast<size_t>(2 * k)]);
+    if (sampled == nullptr && !host_sampled) {
+      if (n == k) {
+        next = verify_ids != nullptr ? verify_ids[out0 + k]
+                                     : greedy_token(target_logits(k), r.history_view(), params, ws);
       }
+      r.history.resize(r.history.size() - static_cast<size_t>(n));  // emit() re-appends
     }
-    if (sampled == nullptr) r.history.resize(r.history.size() - static_cast<size_t>(n));
 
     if (st.drafted_at.size() < static_cast<size_t>(k)) {
       st.drafted_at.resize(static_cast<size_t>(k));

@@ -112,34 +112,28 @@ void CpuBackend::speculative_accept_rows(const SpeculativeAcceptParams& p) {
   const int32_t* q_rows = p.q_rows.data_as<const int32_t>();
   const int64_t* uniforms = p.uniforms.data_as<const int64_t>();
   thread_local std::vector<float> residual;
+  thread_local std::vector<double> u;
   residual.resize(v);
   for (int64_t r = 0; r < d.rows; ++r) {
     const int64_t b = begin[r], e = begin[r + 1];
     if (e <= b) fail("{}: row {} has no window rows (row_begin {} .. {})", kOp, r, b, e);
     const int64_t k = e - b - 1;
     try {
-      int64_t n = 0;
-      std::span<const float> q;
-      for (; n < k; ++n) {
-        const int64_t qr = q_rows[b + 1 + n];
-        if (qr < 0 || qr >= d.q_rows) {
-          fail("q_rows[{}] = {} is outside [0, {})", b + 1 + n, qr, d.q_rows);
-        }
-        q = std::span<const float>(p.q.data_as<const float>() + qr * d.vocab, v);
-        if (!accept_draft(p_row(b + n), q, tokens[b + 1 + n],
-                          uniform_of(kOp, uniforms[b + n], b + n)))
-          break;
-      }
-      const double u_final = uniform_of(kOp, uniforms[e - 1], e - 1);
-      int32_t next;
-      if (n < k) {
-        residual_distribution(p_row(b + n), q, residual);
-        next = sample_at(residual, u_final);
-      } else {
-        next = sample_at(p_row(e - 1), u_final);
-      }
-      p.out.data_as<int32_t>()[2 * r] = static_cast<int32_t>(n);
-      p.out.data_as<int32_t>()[2 * r + 1] = next;
+      u.clear();
+      for (int64_t w = b; w < e; ++w) u.push_back(uniform_of(kOp, uniforms[w], w));
+      const WindowVerdict verdict = verify_window(
+          std::span<const int32_t>(tokens + b + 1, static_cast<size_t>(k)),
+          [&](int j) { return p_row(b + j); },
+          [&](int j) {
+            const int64_t qr = q_rows[b + 1 + j];
+            if (qr < 0 || qr >= d.q_rows) {
+              fail("q_rows[{}] = {} is outside [0, {})", b + 1 + j, qr, d.q_rows);
+            }
+            return std::span<const float>(p.q.data_as<const float>() + qr * d.vocab, v);
+          },
+          u, residual);
+      p.out.data_as<int32_t>()[2 * r] = static_cast<int32_t>(verdict.accepted);
+      p.out.data_as<int32_t>()[2 * r + 1] = verdict.next;
     } catch (const Error& err) {
       fail("{}: row {}: {}", kOp, r, err.what());
     }
