@@ -69,7 +69,8 @@ void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft) {
                   "tokenizer.json file or directory (default: the model directory)");
   cmd->add_option("--ctx-size,-c", args.ctx_size, "Context size per sequence, in tokens")
       ->capture_default_str();
-  cmd->add_option("--threads,-t", args.threads, "CPU threads (0 = all cores)")
+  cmd->add_option("--threads,-t", args.threads,
+                  "CPU threads (0 = all cores; at most 4 x the cores)")
       ->capture_default_str();
   cmd->add_option("--device", args.device,
                   "Device to run on: cpu, cuda or cuda:N (cuda needs a build with SPECULA_CUDA)")
@@ -200,7 +201,13 @@ std::vector<int32_t> parse_id_list(const std::string& text, const char* flag) {
 }
 
 void set_threads(int threads) {
-  if (threads < 0) fail("--threads must be >= 0, got {}", threads);
+  // More threads than this only oversubscribes the cores; far more hangs or
+  // crashes the OpenMP runtime creating them.
+  const int max_threads = 4 * omp_get_num_procs();
+  if (threads < 0 || threads > max_threads) {
+    fail("--threads: {} is out of range (0 = all cores, at most {}: 4 x the {} cores)", threads,
+         max_threads, omp_get_num_procs());
+  }
   if (threads > 0) omp_set_num_threads(threads);
 }
 

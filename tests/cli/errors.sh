@@ -51,6 +51,12 @@ expect_error malformed-tokenizer "tokenizer.json" "$specula" tokenize --tokenize
 expect_error wrong-drafter "dense_kev_assistant" "$specula" generate --model "$src/tests/golden/e2b_like" \
   --draft "$src/tests/golden/dense_kev_assistant" --prompt-ids 1,2
 expect_error bad-temperature "temperature" "$specula" generate --model "$fixture" --prompt-ids 1,2 --temperature -1
+expect_error threads-huge "--threads: 8192 is out of range" "$specula" generate --model "$fixture" \
+  --prompt-ids 1,2 --threads 8192
+expect_error threads-huger "--threads: 100000 is out of range" "$specula" generate --model "$fixture" \
+  --prompt-ids 1,2 --threads 100000
+expect_error threads-negative "--threads: -3 is out of range" "$specula" generate --model "$fixture" \
+  --prompt-ids 1,2 --threads -3
 
 echo "cli errors: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]
