@@ -50,6 +50,15 @@ expect_error malformed-tokenizer "tokenizer.json" "$specula" tokenize --tokenize
 
 expect_error wrong-drafter "dense_kev_assistant" "$specula" generate --model "$src/tests/golden/e2b_like" \
   --draft "$src/tests/golden/dense_kev_assistant" --prompt-ids 1,2
+mkdir -p "$tmp/bad_drafter"
+cp "$src/tests/golden/dense_kev_assistant/"* "$tmp/bad_drafter/"
+sed -i 's/"model_type": "gemma4_assistant"/"model_type": true/' "$tmp/bad_drafter/config.json"
+expect_error drafter-model-type-bool "bad_drafter/config.json: model_type must be a string, got true" \
+  "$specula" generate --model "$fixture" --draft "$tmp/bad_drafter" --prompt-ids 1,2
+cp "$src/tests/golden/dense_kev_assistant/config.json" "$tmp/bad_drafter/"
+sed -i 's/"num_kv_shared_layers": 2/"num_kv_shared_layers": []/' "$tmp/bad_drafter/config.json"
+expect_error drafter-kv-shared-list "num_kv_shared_layers must be an integer, got []" \
+  "$specula" generate --model "$fixture" --draft "$tmp/bad_drafter" --prompt-ids 1,2
 expect_error bad-temperature "temperature" "$specula" generate --model "$fixture" --prompt-ids 1,2 --temperature -1
 expect_error threads-huge "--threads: 8192 is out of range" "$specula" generate --model "$fixture" \
   --prompt-ids 1,2 --threads 8192
