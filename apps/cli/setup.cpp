@@ -79,6 +79,8 @@ void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft) {
 
 LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_tokenizer, bool quiet) {
   set_threads(args.threads);
+  if (args.ctx_size <= 0)
+    fail("--ctx-size: {} is not a context size (expected tokens > 0)", args.ctx_size);
   LoadedModels m;
   const bool is_default = args.model.empty();
   m.model_dir = is_default ? models_root() + "/" + kDefaultTarget : args.model;

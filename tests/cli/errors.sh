@@ -59,6 +59,14 @@ cp "$src/tests/golden/dense_kev_assistant/config.json" "$tmp/bad_drafter/"
 sed -i 's/"num_kv_shared_layers": 2/"num_kv_shared_layers": []/' "$tmp/bad_drafter/config.json"
 expect_error drafter-kv-shared-list "num_kv_shared_layers must be an integer, got []" \
   "$specula" generate --model "$fixture" --draft "$tmp/bad_drafter" --prompt-ids 1,2
+mkdir -p "$tmp/no_layers"
+cp "$fixture/"* "$tmp/no_layers/"
+grep -v '"num_hidden_layers"' "$fixture/config.json" >"$tmp/no_layers/config.json"
+expect_error config-without-layers "num_hidden_layers is missing" "$specula" generate \
+  --model "$tmp/no_layers" --prompt-ids 1,2
+expect_error empty-prompt "--prompt: the prompt is empty" "$specula" generate --model "$fixture" --prompt ""
+expect_error negative-ctx-size "--ctx-size: -5 is not a context size" "$specula" generate \
+  --model "$fixture" --prompt-ids 1,2 --ctx-size -5
 expect_error bad-temperature "temperature" "$specula" generate --model "$fixture" --prompt-ids 1,2 --temperature -1
 expect_error threads-huge "--threads: 8192 is out of range" "$specula" generate --model "$fixture" \
   --prompt-ids 1,2 --threads 8192
