@@ -125,8 +125,17 @@ LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_token
       }
     }
   }
-  if (with_tokenizer)
-    m.tokenizer.emplace(Tokenizer::load(args.tokenizer.empty() ? m.model_dir : args.tokenizer));
+  if (with_tokenizer) {
+    const std::string tokenizer_path = args.tokenizer.empty() ? m.model_dir : args.tokenizer;
+    m.tokenizer.emplace(Tokenizer::load(tokenizer_path));
+    // An id past the embedding would be refused per request at best; refuse the pair here.
+    if (m.tokenizer->vocab_size() > c.vocab_size) {
+      fail(
+          "tokenizer {} has ids up to {} but the model {} has a vocabulary of {} (vocab_size in "
+          "config.json): they do not belong together",
+          tokenizer_path, m.tokenizer->vocab_size() - 1, m.model_dir, c.vocab_size);
+    }
+  }
   return m;
 }
 

@@ -67,6 +67,9 @@ expect_error config-without-layers "num_hidden_layers is missing" "$specula" gen
 expect_error empty-prompt "--prompt: the prompt is empty" "$specula" generate --model "$fixture" --prompt ""
 expect_error negative-ctx-size "--ctx-size: -5 is not a context size" "$specula" generate \
   --model "$fixture" --prompt-ids 1,2 --ctx-size -5
+# The embedded model's tokenizer has ids up to 8191; dense_kev's vocabulary is 128.
+expect_error tokenizer-past-vocab "ids up to 8191 but the model $fixture has a vocabulary of 128" \
+  "$specula" generate --model "$fixture" --tokenizer "$src/models/gemma4-tiny-py" --prompt hi
 expect_error bad-temperature "temperature" "$specula" generate --model "$fixture" --prompt-ids 1,2 --temperature -1
 expect_error threads-huge "--threads: 8192 is out of range" "$specula" generate --model "$fixture" \
   --prompt-ids 1,2 --threads 8192
