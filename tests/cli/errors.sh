@@ -70,6 +70,12 @@ expect_error negative-ctx-size "--ctx-size: -5 is not a context size" "$specula"
 # The embedded model's tokenizer has ids up to 8191; dense_kev's vocabulary is 128.
 expect_error tokenizer-past-vocab "ids up to 8191 but the model $fixture has a vocabulary of 128" \
   "$specula" generate --model "$fixture" --tokenizer "$src/models/gemma4-tiny-py" --prompt hi
+mkdir -p "$tmp/escaping_index"
+cp "$fixture/config.json" "$tmp/escaping_index/"
+echo '{"weight_map": {"model.embed_tokens.weight": "../../../../etc/passwd"}}' \
+  >"$tmp/escaping_index/model.safetensors.index.json"
+expect_error shard-outside-checkpoint "names shard '../../../../etc/passwd', outside the checkpoint folder" \
+  "$specula" generate --model "$tmp/escaping_index" --prompt-ids 1,2
 expect_error bad-temperature "temperature" "$specula" generate --model "$fixture" --prompt-ids 1,2 --temperature -1
 expect_error threads-huge "--threads: 8192 is out of range" "$specula" generate --model "$fixture" \
   --prompt-ids 1,2 --threads 8192
