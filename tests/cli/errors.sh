@@ -84,5 +84,21 @@ expect_error threads-huger "--threads: 100000 is out of range" "$specula" genera
 expect_error threads-negative "--threads: -3 is out of range" "$specula" generate --model "$fixture" \
   --prompt-ids 1,2 --threads -3
 
+# chat: a bad line (invalid UTF-8, past the context) costs its turn only; the
+# next line is answered with the bad ones forgotten (a 10-token prompt) and the session ends cleanly.
+long_line=$(printf 'word %.0s' $(seq 1 100))
+printf 'bad \xff\xfe line\n%s\nhi\n' "$long_line" |
+  "$specula" chat --ctx-size 64 -n 4 --threads 1 >"$tmp/chat.out" 2>"$tmp/chat.err"
+status=$?
+chat_err=$(cat "$tmp/chat.err")
+if [[ $status -eq 0 && $chat_err == *"invalid UTF-8"*"the chat goes on"* &&
+  $chat_err == *"exceeds the context size of 64"*"the chat goes on"* &&
+  $chat_err == *"prompt 10 tokens"*"generated 4 tokens"* ]]; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAIL chat-bad-line: status $status, expected 0, two dropped turns and a third answered; got: $chat_err"
+fi
+
 echo "cli errors: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]
