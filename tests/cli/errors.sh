@@ -100,5 +100,30 @@ else
   echo "FAIL chat-bad-line: status $status, expected 0, two dropped turns and a third answered; got: $chat_err"
 fi
 
+expect_error text-file-missing "--text-file: cannot open /nonexistent/text" "$specula" tokenize \
+  --text-file /nonexistent/text
+
+# tokenize --text-file: bytes as they are from a file or standard input (a NUL
+# byte is a token of its own), and texts far past the command line's limit.
+expect_output() {  # name, expected stdout, command... (stdin from the caller)
+  local name=$1 want=$2
+  shift 2
+  local out status
+  out=$("$@" 2>&1)
+  status=$?
+  if [[ $status -eq 0 && $out == "$want" ]]; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAIL $name: status $status, expected 0 and '$want'; got: ${out:0:300}"
+  fi
+}
+printf 'a\0b' >"$tmp/nul.txt"
+expect_output text-file-nul "334,11,335" "$specula" tokenize --no-special --text-file "$tmp/nul.txt"
+expect_output text-stdin-nul "334,11,335" "$specula" tokenize --no-special --text-file - <"$tmp/nul.txt"
+yes 'hello world' | head -c 3000000 >"$tmp/long.txt"  # 3 MB: 1,500,000 tokens
+expect_output text-stdin-long "1500000" \
+  bash -c '"$1" tokenize --no-special --text-file - <"$2" | tr , "\n" | wc -l' _ "$specula" "$tmp/long.txt"
+
 echo "cli errors: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]
