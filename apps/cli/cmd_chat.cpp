@@ -67,14 +67,24 @@ void run_chat(const ChatArgs& args) {
     }
     if (line.empty()) continue;
     messages.push_back(ChatMessage::text("user", line));
-    const std::string rendered = render_chat(messages, options);
-    std::vector<int32_t> prompt = m.tokenizer->encode(rendered, /*add_special_tokens=*/false);
-    TextGenerationResult r = generate_text(*m.target, m.draft_source.get(), *m.tokenizer, prompt,
-                                           params, args.schedule, [](std::string_view text) {
-                                             std::fwrite(text.data(), 1, text.size(), stdout);
-                                             std::fflush(stdout);
-                                             return true;
-                                           });
+    // A line the turn cannot take (invalid UTF-8, past the context, ...) costs
+    // that turn only: say why, forget the line, and read the next one.
+    TextGenerationResult r;
+    try {
+      const std::string rendered = render_chat(messages, options);
+      std::vector<int32_t> prompt = m.tokenizer->encode(rendered, /*add_special_tokens=*/false);
+      r = generate_text(*m.target, m.draft_source.get(), *m.tokenizer, prompt, params,
+                        args.schedule, [](std::string_view text) {
+                          std::fwrite(text.data(), 1, text.size(), stdout);
+                          std::fflush(stdout);
+                          return true;
+                        });
+    } catch (const Error& e) {
+      messages.pop_back();
+      fmt::print(stderr, "specula: error: {} (this message is dropped; the chat goes on)\n",
+                 e.what());
+      continue;
+    }
     fmt::print("\n");
     if (!args.quiet)
       fmt::print(stderr, "{} ({})\n", summary_line(r.stats, m.draft_source != nullptr),

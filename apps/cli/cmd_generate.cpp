@@ -20,12 +20,16 @@ struct GenerateArgs {
   std::string prompt;
   std::string prompt_ids;
   bool json = false;
+  const CLI::Option* prompt_option = nullptr;  // tells `--prompt ""` from no --prompt
+  const CLI::Option* prompt_ids_option = nullptr;
 };
 
 void run_generate(const GenerateArgs& args) {
-  if (args.prompt.empty() == args.prompt_ids.empty())
+  const bool text_mode = args.prompt_option->count() > 0;
+  if (text_mode == (args.prompt_ids_option->count() > 0))
     fail("give exactly one of --prompt and --prompt-ids");
-  const bool text_mode = !args.prompt.empty();
+  if (text_mode && args.prompt.empty())
+    fail("--prompt: the prompt is empty (give some text, or token ids with --prompt-ids)");
   LoadedModels m =
       load_models(args.model, /*with_draft=*/true, /*with_tokenizer=*/text_mode, args.json);
   const SamplingParams params = sampling_params(args.sampling, m);
@@ -66,13 +70,14 @@ void run_generate(const GenerateArgs& args) {
   }
 
   speculative::DecodeRequest request{.prompt = parse_id_list(args.prompt_ids, "--prompt-ids"),
-                              .params = params};
+                                     .params = params};
   auto on_tokens = [&](int, std::span<const int32_t> fresh) {
     for (int32_t t : fresh) stream(fmt::format("{} ", t));
     return true;
   };
   speculative::DecodeResult r =
-      speculative::decode(*m.target, drafter, std::span(&request, 1), args.schedule, on_tokens).front();
+      speculative::decode(*m.target, drafter, std::span(&request, 1), args.schedule, on_tokens)
+          .front();
   finish({{"prompt_ids", request.prompt}}, r.tokens, r.finish_reason, r.stats);
 }
 
@@ -82,10 +87,10 @@ void register_generate(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* cmd =
       app.add_subcommand("generate", "Continue a prompt, streaming the output (greedy by default)");
-  cmd->add_option("--prompt,-p", args->prompt,
-                  "Prompt text (tokenized with the model's tokenizer, BOS added)");
-  cmd->add_option("--prompt-ids", args->prompt_ids,
-                  "Prompt token ids, comma-separated (instead of --prompt)");
+  args->prompt_option = cmd->add_option(
+      "--prompt,-p", args->prompt, "Prompt text (tokenized with the model's tokenizer, BOS added)");
+  args->prompt_ids_option = cmd->add_option(
+      "--prompt-ids", args->prompt_ids, "Prompt token ids, comma-separated (instead of --prompt)");
   add_model_options(cmd, args->model, /*with_draft=*/true);
   add_sampling_options(cmd, args->sampling, 128);
   add_draft_options(cmd, args->schedule);

@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+#include <iostream>
+#include <iterator>
 #include <memory>
 
 #include "apps/cli/commands.h"
@@ -14,6 +17,7 @@ namespace {
 struct TokenizeArgs {
   std::string tokenizer;
   std::string text;
+  std::string text_file;  // "-": standard input
   std::string ids;
   bool no_special = false;
   bool skip_special = false;
@@ -26,9 +30,24 @@ std::string default_tokenizer(const std::string& given) {
   return std::string(env ? env : SPECULA_DEFAULT_MODELS_DIR) + "/gemma4-tiny-py";
 }
 
-void run_tokenize(const TokenizeArgs& a) {
+// The whole of a file or of standard input ("-"), bytes as they are (NUL included).
+std::string read_text_file(const std::string& path) {
+  if (path == "-") {
+    std::string text{std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
+    if (std::cin.bad()) fail("--text-file: cannot read standard input");
+    return text;
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("--text-file: cannot open {}", path);
+  std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  if (in.bad()) fail("--text-file: cannot read {}", path);
+  return text;
+}
+
+void run_tokenize(const TokenizeArgs& a, bool from_file) {
   Tokenizer tok = Tokenizer::load(default_tokenizer(a.tokenizer));
-  const std::vector<int32_t> ids = tok.encode(a.text, !a.no_special);
+  const std::vector<int32_t> ids =
+      tok.encode(from_file ? read_text_file(a.text_file) : a.text, !a.no_special);
   if (a.json) {
     nlohmann::json pieces = nlohmann::json::array();
     for (int32_t id : ids) pieces.push_back(tok.id_to_token(id).value_or(""));
@@ -60,10 +79,17 @@ void register_tokenize(CLI::App& app) {
   CLI::App* tok = app.add_subcommand("tokenize", "Print the token ids of a text");
   tok->add_option("--tokenizer", args->tokenizer,
                   "tokenizer.json or a model directory (default: the embedded model)");
-  tok->add_option("--text", args->text, "Text to tokenize")->required();
+  // Exactly one of --text and --text-file.
+  CLI::Option_group* input = tok->add_option_group("input", "The text: exactly one of");
+  input->add_option("--text", args->text, "Text to tokenize");
+  CLI::Option* text_file =
+      input->add_option("--text-file", args->text_file,
+                        "File whose bytes are the text to tokenize ('-': standard input); for "
+                        "texts with NUL bytes or too long for the command line");
+  input->require_option(1);
   tok->add_flag("--no-special", args->no_special, "Do not add special tokens (BOS)");
   tok->add_flag("--json", args->json, "Print {\"ids\": [...], \"tokens\": [...]}");
-  tok->callback([args] { run_tokenize(*args); });
+  tok->callback([args, text_file] { run_tokenize(*args, text_file->count() > 0); });
 
   CLI::App* detok = app.add_subcommand("detokenize", "Print the text of token ids");
   detok->add_option("--tokenizer", args->tokenizer,

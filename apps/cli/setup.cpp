@@ -69,7 +69,8 @@ void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft) {
                   "tokenizer.json file or directory (default: the model directory)");
   cmd->add_option("--ctx-size,-c", args.ctx_size, "Context size per sequence, in tokens")
       ->capture_default_str();
-  cmd->add_option("--threads,-t", args.threads, "CPU threads (0 = all cores)")
+  cmd->add_option("--threads,-t", args.threads,
+                  "CPU threads (0 = all cores; at most 4 x the cores)")
       ->capture_default_str();
   cmd->add_option("--device", args.device,
                   "Device to run on: cpu, cuda or cuda:N (cuda needs a build with SPECULA_CUDA)")
@@ -78,6 +79,8 @@ void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft) {
 
 LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_tokenizer, bool quiet) {
   set_threads(args.threads);
+  if (args.ctx_size <= 0)
+    fail("--ctx-size: {} is not a context size (expected tokens > 0)", args.ctx_size);
   LoadedModels m;
   const bool is_default = args.model.empty();
   m.model_dir = is_default ? models_root() + "/" + kDefaultTarget : args.model;
@@ -122,8 +125,17 @@ LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_token
       }
     }
   }
-  if (with_tokenizer)
-    m.tokenizer.emplace(Tokenizer::load(args.tokenizer.empty() ? m.model_dir : args.tokenizer));
+  if (with_tokenizer) {
+    const std::string tokenizer_path = args.tokenizer.empty() ? m.model_dir : args.tokenizer;
+    m.tokenizer.emplace(Tokenizer::load(tokenizer_path));
+    // An id past the embedding would be refused per request at best; refuse the pair here.
+    if (m.tokenizer->vocab_size() > c.vocab_size) {
+      fail(
+          "tokenizer {} has ids up to {} but the model {} has a vocabulary of {} (vocab_size in "
+          "config.json): they do not belong together",
+          tokenizer_path, m.tokenizer->vocab_size() - 1, m.model_dir, c.vocab_size);
+    }
+  }
   return m;
 }
 
@@ -200,7 +212,13 @@ std::vector<int32_t> parse_id_list(const std::string& text, const char* flag) {
 }
 
 void set_threads(int threads) {
-  if (threads < 0) fail("--threads must be >= 0, got {}", threads);
+  // More threads than this only oversubscribes the cores; far more hangs or
+  // crashes the OpenMP runtime creating them.
+  const int max_threads = 4 * omp_get_num_procs();
+  if (threads < 0 || threads > max_threads) {
+    fail("--threads: {} is out of range (0 = all cores, at most {}: 4 x the {} cores)", threads,
+         max_threads, omp_get_num_procs());
+  }
   if (threads > 0) omp_set_num_threads(threads);
 }
 

@@ -67,6 +67,7 @@ void add_draft_options(CLI::App* cmd, speculative::DraftSchedule& schedule);
 
 // Parses "1,2,3" (spaces allowed) into token ids; an Error names the bad item.
 std::vector<int32_t> parse_id_list(const std::string& text, const char* flag);
+// 0: all cores; an Error names --threads outside [0, 4 x the cores].
 void set_threads(int threads);
 
 // "prompt 12 tokens, prefill 850.1 tok/s | generated 64 tokens, decode 95.2 tok/s |

@@ -331,6 +331,19 @@ void load_index(const std::string& checkpoint, const fs::path& index_path,
       fail("{}: weight_map[\"{}\"] must be a shard file name, got {}", index_name, tensor,
            json_excerpt(shard));
     }
+    // Shards lie in the index's folder or below it: no absolute path, no "..".
+    // The check is lexical, so symlinked shards (the Hugging Face cache's
+    // snapshots link to ../../blobs) still load.
+    const fs::path name(shard.get<std::string>());
+    const bool escapes =
+        name.has_root_path() ||
+        std::any_of(name.begin(), name.end(), [](const fs::path& part) { return part == ".."; });
+    if (escapes) {
+      fail(
+          "{}: weight_map[\"{}\"] names shard '{}', outside the checkpoint folder {} (shards must "
+          "be relative paths within it)",
+          index_name, tensor, name.string(), index_path.parent_path().string());
+    }
     if (seen.insert(shard.get<std::string>()).second) {
       shards.emplace_back(shard.get<std::string>(), tensor);
     }

@@ -50,7 +50,80 @@ expect_error malformed-tokenizer "tokenizer.json" "$specula" tokenize --tokenize
 
 expect_error wrong-drafter "dense_kev_assistant" "$specula" generate --model "$src/tests/golden/e2b_like" \
   --draft "$src/tests/golden/dense_kev_assistant" --prompt-ids 1,2
+mkdir -p "$tmp/bad_drafter"
+cp "$src/tests/golden/dense_kev_assistant/"* "$tmp/bad_drafter/"
+sed -i 's/"model_type": "gemma4_assistant"/"model_type": true/' "$tmp/bad_drafter/config.json"
+expect_error drafter-model-type-bool "bad_drafter/config.json: model_type must be a string, got true" \
+  "$specula" generate --model "$fixture" --draft "$tmp/bad_drafter" --prompt-ids 1,2
+cp "$src/tests/golden/dense_kev_assistant/config.json" "$tmp/bad_drafter/"
+sed -i 's/"num_kv_shared_layers": 2/"num_kv_shared_layers": []/' "$tmp/bad_drafter/config.json"
+expect_error drafter-kv-shared-list "num_kv_shared_layers must be an integer, got []" \
+  "$specula" generate --model "$fixture" --draft "$tmp/bad_drafter" --prompt-ids 1,2
+mkdir -p "$tmp/no_layers"
+cp "$fixture/"* "$tmp/no_layers/"
+grep -v '"num_hidden_layers"' "$fixture/config.json" >"$tmp/no_layers/config.json"
+expect_error config-without-layers "num_hidden_layers is missing" "$specula" generate \
+  --model "$tmp/no_layers" --prompt-ids 1,2
+expect_error empty-prompt "--prompt: the prompt is empty" "$specula" generate --model "$fixture" --prompt ""
+expect_error negative-ctx-size "--ctx-size: -5 is not a context size" "$specula" generate \
+  --model "$fixture" --prompt-ids 1,2 --ctx-size -5
+# The embedded model's tokenizer has ids up to 8191; dense_kev's vocabulary is 128.
+expect_error tokenizer-past-vocab "ids up to 8191 but the model $fixture has a vocabulary of 128" \
+  "$specula" generate --model "$fixture" --tokenizer "$src/models/gemma4-tiny-py" --prompt hi
+mkdir -p "$tmp/escaping_index"
+cp "$fixture/config.json" "$tmp/escaping_index/"
+echo '{"weight_map": {"model.embed_tokens.weight": "../../../../etc/passwd"}}' \
+  >"$tmp/escaping_index/model.safetensors.index.json"
+expect_error shard-outside-checkpoint "names shard '../../../../etc/passwd', outside the checkpoint folder" \
+  "$specula" generate --model "$tmp/escaping_index" --prompt-ids 1,2
 expect_error bad-temperature "temperature" "$specula" generate --model "$fixture" --prompt-ids 1,2 --temperature -1
+expect_error threads-huge "--threads: 8192 is out of range" "$specula" generate --model "$fixture" \
+  --prompt-ids 1,2 --threads 8192
+expect_error threads-huger "--threads: 100000 is out of range" "$specula" generate --model "$fixture" \
+  --prompt-ids 1,2 --threads 100000
+expect_error threads-negative "--threads: -3 is out of range" "$specula" generate --model "$fixture" \
+  --prompt-ids 1,2 --threads -3
+
+# chat: a bad line (invalid UTF-8, past the context) costs its turn only; the
+# next line is answered with the bad ones forgotten (a 10-token prompt) and the session ends cleanly.
+long_line=$(printf 'word %.0s' $(seq 1 100))
+printf 'bad \xff\xfe line\n%s\nhi\n' "$long_line" |
+  "$specula" chat --ctx-size 64 -n 4 --threads 1 >"$tmp/chat.out" 2>"$tmp/chat.err"
+status=$?
+chat_err=$(cat "$tmp/chat.err")
+if [[ $status -eq 0 && $chat_err == *"invalid UTF-8"*"the chat goes on"* &&
+  $chat_err == *"exceeds the context size of 64"*"the chat goes on"* &&
+  $chat_err == *"prompt 10 tokens"*"generated 4 tokens"* ]]; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAIL chat-bad-line: status $status, expected 0, two dropped turns and a third answered; got: $chat_err"
+fi
+
+expect_error text-file-missing "--text-file: cannot open /nonexistent/text" "$specula" tokenize \
+  --text-file /nonexistent/text
+
+# tokenize --text-file: bytes as they are from a file or standard input (a NUL
+# byte is a token of its own), and texts far past the command line's limit.
+expect_output() {  # name, expected stdout, command... (stdin from the caller)
+  local name=$1 want=$2
+  shift 2
+  local out status
+  out=$("$@" 2>&1)
+  status=$?
+  if [[ $status -eq 0 && $out == "$want" ]]; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAIL $name: status $status, expected 0 and '$want'; got: ${out:0:300}"
+  fi
+}
+printf 'a\0b' >"$tmp/nul.txt"
+expect_output text-file-nul "334,11,335" "$specula" tokenize --no-special --text-file "$tmp/nul.txt"
+expect_output text-stdin-nul "334,11,335" "$specula" tokenize --no-special --text-file - <"$tmp/nul.txt"
+yes 'hello world' | head -c 3000000 >"$tmp/long.txt"  # 3 MB: 1,500,000 tokens
+expect_output text-stdin-long "1500000" \
+  bash -c '"$1" tokenize --no-special --text-file - <"$2" | tr , "\n" | wc -l' _ "$specula" "$tmp/long.txt"
 
 echo "cli errors: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -12,6 +12,7 @@
 #include "engine/speculative/decoder.h"
 #include "tests/cuda/cuda_model_util.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/unit/model/golden_util.h"
 #include "tests/unit/speculative/sampling_test_util.h"
 
 namespace specula {
@@ -29,15 +30,6 @@ constexpr double kF32FixtureTolerance = 2e-4;
 constexpr double kBf16FixtureTolerance = 0.15;
 // The embedded family: bf16 weights, f32 activations on both sides (CPU: 2.4e-5).
 constexpr double kEmbeddedTolerance = 1e-3;
-
-double rel_error(const float* a, const float* b, int64_t n) {
-  double diff = 0, ref = 1e-30;
-  for (int64_t i = 0; i < n; ++i) {
-    diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
-    ref = std::max(ref, static_cast<double>(std::fabs(b[i])));
-  }
-  return diff / ref;
-}
 
 std::vector<int32_t> ids_of(const Tensor& t) {
   auto s = t.i32();
@@ -61,7 +53,8 @@ TEST_P(CudaGolden, PrefillLogitsMatchTransformers) {
   model->backend().download(out.logits, logits.view().data());
   const Tensor want = expected.get("logits");
   ASSERT_EQ(logits.numel(), want.numel());
-  const double err = rel_error(logits.data<float>(), want.data_as<const float>(), want.numel());
+  const double err =
+      testing::relative_error(logits.data<float>(), want.data_as<const float>(), want.numel());
   const double tol =
       name.find("bf16") != std::string::npos ? kBf16FixtureTolerance : kF32FixtureTolerance;
   std::printf("[ cuda golden ] %s logits rel err %.3g (limit %.3g)\n", name.c_str(), err, tol);
@@ -192,7 +185,8 @@ TEST(CudaEmbedded, SpeculationMatchesPlainAndStartsLikeTheCpu) {
     gpu->backend().download(out.logits, logits.view().data());
     const Tensor want = expected.get("logits.0");
     ASSERT_EQ(logits.numel(), want.numel());
-    const double err = rel_error(logits.data<float>(), want.data_as<const float>(), want.numel());
+    const double err =
+        testing::relative_error(logits.data<float>(), want.data_as<const float>(), want.numel());
     std::printf("[ cuda golden ] embedded logits rel err %.3g\n", err);
     EXPECT_LT(err, kEmbeddedTolerance);
   }

@@ -258,8 +258,9 @@ TEST(Gemma4Config, MultimodalTokenIdsComeFromTheRoot) {
 }
 
 TEST(Gemma4Config, DefaultsWhenFieldsAreAbsent) {
-  // A minimal config: every other field takes the HF default (§1).
-  const Gemma4Config c = parse_gemma4_config({{"model_type", "gemma4_text"}}, kOrigin);
+  // A minimal config: every field but num_hidden_layers takes the HF default (§1).
+  const Gemma4Config c =
+      parse_gemma4_config({{"model_type", "gemma4_text"}, {"num_hidden_layers", 30}}, kOrigin);
   EXPECT_EQ(c.num_hidden_layers, 30);
   EXPECT_EQ(c.hidden_size, 2304);
   EXPECT_EQ(c.global_head_dim, 512);
@@ -421,6 +422,20 @@ const std::vector<BadCase>& bad_cases() {
          return c;
        },
        {"rope_theta", "-5"}},
+      {"no num_hidden_layers",
+       [] {
+         json c = e2b();
+         c.erase("num_hidden_layers");
+         return c;
+       },
+       {"num_hidden_layers is missing"}},
+      {"no num_hidden_layers in text_config",
+       [] {
+         json c = wrap_multimodal(e2b());
+         c["text_config"].erase("num_hidden_layers");
+         return c;
+       },
+       {"text_config.num_hidden_layers is missing"}},
       {"layer_types length",
        [] { return with(e2b(), "layer_types", layer_types("SSSSF", 6)); },
        {"layer_types", "30 entries", "num_hidden_layers is 35"}},

@@ -209,6 +209,34 @@ TEST_F(SafetensorsTest, MissingShardNamesIndexAndShard) {
                {path("model.safetensors.index.json"), "s2.safetensors", "x.b", "does not exist"});
 }
 
+TEST_F(SafetensorsTest, ShardsAreConfinedToTheCheckpointFolder) {
+  // A valid shard outside the folder: only the confinement rule refuses it.
+  HostTensor a(DType::kF32, {1});
+  const fs::path outside =
+      dir_.parent_path() / fmt::format("specula_outside_{}.safetensors", ::getpid());
+  write_safetensors(outside.string(), {{"x.a", a}});
+  for (const std::string& shard : std::vector<std::string>{
+           "../" + outside.filename().string(), outside.string(), "sub/../../etc/passwd"}) {
+    SCOPED_TRACE(shard);
+    write_index(path("model.safetensors.index.json"), fmt::format(R"({{"x.a": "{}"}})", shard));
+    expect_error([&] { Checkpoint ck(dir_.string()); },
+                 {path("model.safetensors.index.json"), shard, "outside the checkpoint folder"});
+  }
+  fs::remove(outside);
+
+  // Subfolders and symlinks to files elsewhere (the Hugging Face cache) are fine.
+  fs::create_directories(dir_ / "sub");
+  write_safetensors(path("sub/s1.safetensors"), {{"x.a", a}});
+  const fs::path blob = dir_.parent_path() / fmt::format("specula_blob_{}", ::getpid());
+  write_safetensors(blob.string(), {{"x.b", a}});
+  fs::create_symlink(blob, dir_ / "s2.safetensors");
+  write_index(path("model.safetensors.index.json"),
+              R"({"x.a": "sub/s1.safetensors", "x.b": "s2.safetensors"})");
+  Checkpoint ck(dir_.string());
+  EXPECT_EQ(ck.names(), (std::vector<std::string>{"x.a", "x.b"}));
+  fs::remove(blob);
+}
+
 TEST_F(SafetensorsTest, IndexNamingATensorTheShardLacks) {
   HostTensor a(DType::kF32, {1});
   write_safetensors(path("s1.safetensors"), {{"x.a", a}});

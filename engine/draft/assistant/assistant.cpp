@@ -2,6 +2,7 @@
 #include "engine/draft/assistant/assistant.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -152,7 +153,15 @@ AssistantConfig load_assistant_config(const std::string& path) {
   const std::string file = config_file(path);
   const nlohmann::json root = io::read_json_file(file);
   if (!root.is_object()) fail("{}: expected a JSON object", file);
-  const std::string model_type = root.value("model_type", std::string());
+  // Root fields of a wrong type name the file, the field and the value (as the
+  // target's config does), never the JSON library's type error.
+  auto bad = [&](const std::string& field, const char* what, const nlohmann::json& value) {
+    fail("{}: {} {}, got {}", file, field, what, io::json_excerpt(value));
+  };
+  const auto type_it = root.find("model_type");
+  if (type_it != root.end() && !type_it->is_string())
+    bad("model_type", "must be a string", *type_it);
+  const std::string model_type = type_it == root.end() ? "" : type_it->get<std::string>();
   if (model_type != "gemma4_assistant") {
     fail("{}: model_type is '{}', expected 'gemma4_assistant' (a Gemma 4 assistant drafter)", file,
          model_type);
@@ -163,19 +172,34 @@ AssistantConfig load_assistant_config(const std::string& path) {
   nlohmann::json text = root["text_config"];
   if (!text.contains("model_type")) text["model_type"] = "gemma4_text";
   // HF's Gemma4AssistantConfig.__post_init__: every drafter layer is KV-shared.
-  const int n_layers = text.value("num_hidden_layers", 0);
-  if (text.value("num_kv_shared_layers", 0) == 0) text["num_kv_shared_layers"] = n_layers;
+  // Values of a wrong type are left for parse_gemma4_config to report.
+  const auto shared = text.find("num_kv_shared_layers");
+  const bool shared_unset =
+      shared == text.end() || shared->is_null() || (shared->is_number_integer() && *shared == 0);
+  const auto layers = text.find("num_hidden_layers");
+  if (shared_unset) {
+    text["num_kv_shared_layers"] =
+        layers != text.end() && layers->is_number_integer() ? *layers : nlohmann::json(0);
+  }
 
   AssistantConfig c;
   c.text = gemma4::parse_gemma4_config(text, file + " (text_config)");
   auto get_int = [&](const char* field, int fallback) {
     if (!root.contains(field) || root[field].is_null()) return fallback;
-    if (!root[field].is_number_integer())
-      fail("{}: field '{}' must be an integer, got {}", file, field, root[field].dump());
-    return root[field].get<int>();
+    const nlohmann::json& v = root[field];
+    if (!v.is_number_integer()) bad(field, "must be an integer", v);
+    if (v.is_number_unsigned() ? v.get<uint64_t>() > uint64_t{INT_MAX}
+                               : (v.get<int64_t>() < INT_MIN || v.get<int64_t>() > INT_MAX)) {
+      bad(field, "is out of range", v);
+    }
+    return v.get<int>();
   };
   c.backbone_hidden_size = get_int("backbone_hidden_size", 1536);
-  c.use_ordered_embeddings = root.value("use_ordered_embeddings", false);
+  const auto ordered = root.find("use_ordered_embeddings");
+  if (ordered != root.end() && !ordered->is_null() && !ordered->is_boolean()) {
+    bad("use_ordered_embeddings", "must be true or false", *ordered);
+  }
+  c.use_ordered_embeddings = ordered != root.end() && ordered->is_boolean() && ordered->get<bool>();
   c.num_centroids = get_int("num_centroids", 2048);
   c.centroid_intermediate_top_k = get_int("centroid_intermediate_top_k", 32);
   check_assistant_text(c, file);

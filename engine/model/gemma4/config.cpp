@@ -549,6 +549,11 @@ Gemma4Config parse_gemma4_config(const nlohmann::json& root, const std::string& 
   cfg.vocab_size = r.get_int("vocab_size", cfg.vocab_size);
   cfg.hidden_size = r.get_int("hidden_size", cfg.hidden_size);
   cfg.intermediate_size = r.get_int("intermediate_size", cfg.intermediate_size);
+  // Required: an HF default layer count would only surface later as layer_types
+  // or weight names that do not match the checkpoint.
+  if (r.find("num_hidden_layers").value == nullptr) {
+    fail("{}: {}num_hidden_layers is missing (the number of decoder layers)", origin, prefix);
+  }
   cfg.num_hidden_layers = r.get_int("num_hidden_layers", cfg.num_hidden_layers);
   if (cfg.num_hidden_layers <= 0 || cfg.num_hidden_layers > kMaxLayers) {
     fail("{}: {}num_hidden_layers must be in [1, {}], got {}", origin, prefix, kMaxLayers,
