@@ -164,7 +164,7 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
     }
     if (!a.model.draft.empty() && !a.model.no_draft && !random_draft && !replay) {
       m.draft_dir = a.model.draft;
-      m.drafter = assistant::AssistantDrafter::load(m.draft_dir, c, m.target->backend());
+      m.drafter = assistant::AssistantModel::load(m.draft_dir, c, m.target->backend());
     }
     if (need_tokenizer) {
       const std::string tok = !a.model.tokenizer.empty() ? a.model.tokenizer
@@ -179,7 +179,7 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
     const gemma4::Gemma4Config& c = m.target->config();
     const auto t1 = std::chrono::steady_clock::now();
     m.draft_dir = fmt::format("random:{}", a.seed + 1);
-    m.drafter = assistant::AssistantDrafter::random(
+    m.drafter = assistant::AssistantModel::random(
         assistant::assistant_config_for(c), c, m.target->backend(), a.seed + 1,
         /*centroid_head=*/a.draft_head == "centroid" || (a.draft_head == "auto" && c.has_ple()));
     if (!quiet) {
@@ -189,7 +189,7 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
     }
   }
   if (m.drafter && !m.draft_source)
-    m.draft_source = std::make_unique<assistant::AssistantDraftSource>(*m.target, *m.drafter);
+    m.draft_source = std::make_unique<assistant::AssistantDrafter>(*m.target, *m.drafter);
   if (replay) {
     if (!m.draft_source) fail("--draft {}: no drafter to run beneath the replay", a.model.draft);
     const std::string profile = a.model.draft.substr(7);

@@ -116,8 +116,8 @@ LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_token
       }
     } else if (!m.draft_dir.empty()) {
       auto t1 = std::chrono::steady_clock::now();
-      m.drafter = assistant::AssistantDrafter::load(m.draft_dir, c, m.target->backend());
-      m.draft_source = std::make_unique<assistant::AssistantDraftSource>(*m.target, *m.drafter);
+      m.drafter = assistant::AssistantModel::load(m.draft_dir, c, m.target->backend());
+      m.draft_source = std::make_unique<assistant::AssistantDrafter>(*m.target, *m.drafter);
       if (!quiet) {
         fmt::print(stderr, "drafter: {} ({} layers, hidden {}, {}; {:.2f} s)\n", m.draft_dir,
                    m.drafter->config().text.num_hidden_layers, m.drafter->config().text.hidden_size,

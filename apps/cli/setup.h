@@ -40,7 +40,7 @@ Device parse_device(const std::string& text);
 // Everything a verb runs on. The drafter is null without speculation.
 struct LoadedModels {
   std::unique_ptr<gemma4::Gemma4Model> target;
-  std::unique_ptr<assistant::AssistantDrafter> drafter;
+  std::unique_ptr<assistant::AssistantModel> drafter;
   std::unique_ptr<Drafter> draft_source;  // the assistant's, the ngram drafter, or a replay
   // bench --draft replay:...: the drafter draft_source wraps, and the replay itself.
   std::unique_ptr<Drafter> inner_draft_source;

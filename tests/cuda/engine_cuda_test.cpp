@@ -29,9 +29,9 @@ TEST_P(CudaEngineUnderLoad, EveryRequestGetsItsTokensAlone) {
   const std::string models = std::string(SPECULA_SOURCE_DIR) + "/models";
   if (!std::filesystem::exists(models + "/gemma4-tiny-py-assistant")) GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(models + "/gemma4-tiny-py", test::on_cuda());
-  auto drafter = assistant::AssistantDrafter::load(models + "/gemma4-tiny-py-assistant",
+  auto drafter = assistant::AssistantModel::load(models + "/gemma4-tiny-py-assistant",
                                                    target->config(), target->backend());
-  assistant::AssistantDraftSource source(*target, *drafter);
+  assistant::AssistantDrafter source(*target, *drafter);
   ngram::NgramDrafter ngram(target->config().vocab_size, {});
   const std::string name = GetParam().drafter;
   Drafter* d = name == "assistant" ? static_cast<Drafter*>(&source)

@@ -109,8 +109,8 @@ TEST_P(CudaSpeculation, GreedyOutputIdenticalWithAndWithoutDrafter) {
   if (!have(c.target) || !have(c.drafter)) GTEST_SKIP() << "fixtures missing";
   auto target = gemma4::Gemma4Model::load(golden(c.target), on_cuda());
   auto drafter =
-      assistant::AssistantDrafter::load(golden(c.drafter), target->config(), target->backend());
-  assistant::AssistantDraftSource source(*target, *drafter);
+      assistant::AssistantModel::load(golden(c.drafter), target->config(), target->backend());
+  assistant::AssistantDrafter source(*target, *drafter);
   const int vocab = target->config().vocab_size;
   for (int batch : {1, 3, 8}) {
     auto reqs = greedy_requests(batch, vocab, 24);
@@ -144,8 +144,8 @@ TEST(CudaSpeculationReadbacks, GreedyRoundsReadBackOncePerRound) {
     if (!have("e2b_like") || !have(name)) GTEST_SKIP() << "fixtures missing";
     auto target = gemma4::Gemma4Model::load(golden("e2b_like"), on_cuda());
     auto drafter =
-        assistant::AssistantDrafter::load(golden(name), target->config(), target->backend());
-    assistant::AssistantDraftSource source(*target, *drafter);
+        assistant::AssistantModel::load(golden(name), target->config(), target->backend());
+    assistant::AssistantDrafter source(*target, *drafter);
     auto reqs = greedy_requests(3, target->config().vocab_size, 20);
     for (int k : {1, 3, 6}) {
       const int64_t before = target->backend().readback_count();
@@ -172,8 +172,8 @@ TEST(CudaEmbedded, SpeculationMatchesPlainAndStartsLikeTheCpu) {
   auto gpu = gemma4::Gemma4Model::load(dir, on_cuda());
   auto cpu = gemma4::Gemma4Model::load(dir);
   auto drafter =
-      assistant::AssistantDrafter::load(dir + "-assistant", gpu->config(), gpu->backend());
-  assistant::AssistantDraftSource source(*gpu, *drafter);
+      assistant::AssistantModel::load(dir + "-assistant", gpu->config(), gpu->backend());
+  assistant::AssistantDrafter source(*gpu, *drafter);
   // Logits of golden prompt 0 against transformers (bf16 weights, f32 math).
   if (have("embedded")) {
     io::SafetensorsFile expected(golden("embedded") + "/expected.safetensors");
@@ -273,9 +273,9 @@ TEST_P(CudaDraftGraphs, ReplayedDraftStepsEqualDirectSteps) {
   if (!have("e2b_like") || !have(drafter_name)) GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden("e2b_like"), on_cuda());
   auto drafter =
-      assistant::AssistantDrafter::load(golden(drafter_name), target->config(), target->backend());
+      assistant::AssistantModel::load(golden(drafter_name), target->config(), target->backend());
   ASSERT_EQ(drafter->centroid_head(), centroid);
-  assistant::AssistantDraftSource source(*target, *drafter);
+  assistant::AssistantDrafter source(*target, *drafter);
   Backend& be = target->backend();
   const int vocab = target->config().vocab_size;
   const int64_t H = target->config().hidden_size;
@@ -342,9 +342,9 @@ TEST(CudaSteadyState, DecodeVerifyAndDraftStepsDoNotAllocateDeviceMemory) {
   SKIP_WITHOUT_CUDA();
   if (!have("e2b_like") || !have("e2b_like_assistant")) GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden("e2b_like"), on_cuda());
-  auto drafter = assistant::AssistantDrafter::load(golden("e2b_like_assistant"), target->config(),
+  auto drafter = assistant::AssistantModel::load(golden("e2b_like_assistant"), target->config(),
                                                    target->backend());
-  assistant::AssistantDraftSource source(*target, *drafter);
+  assistant::AssistantDrafter source(*target, *drafter);
   Backend& be = target->backend();
   constexpr int kRows = 3;
   std::vector<SequenceKv> kvs;

@@ -41,8 +41,8 @@ TEST_P(CudaDeviceSampling, SameTokensAsHostSampling) {
   if (!have(c.target) || !have(c.drafter)) GTEST_SKIP() << "fixtures missing";
   auto target = gemma4::Gemma4Model::load(golden(c.target), on_cuda());
   auto drafter =
-      assistant::AssistantDrafter::load(golden(c.drafter), target->config(), target->backend());
-  assistant::AssistantDraftSource source(*target, *drafter);
+      assistant::AssistantModel::load(golden(c.drafter), target->config(), target->backend());
+  assistant::AssistantDrafter source(*target, *drafter);
   const int vocab = target->config().vocab_size;
   int64_t drafted = 0, accepted = 0;
   for (int batch : {1, 3, 8}) {
@@ -138,9 +138,9 @@ TEST(CudaDeviceSamplingPenalties, WithADrafterSameTokensAsHostSampling) {
   SKIP_WITHOUT_CUDA();
   if (!have("e2b_like") || !have("e2b_like_assistant")) GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden("e2b_like"), on_cuda());
-  auto drafter = assistant::AssistantDrafter::load(golden("e2b_like_assistant"), target->config(),
+  auto drafter = assistant::AssistantModel::load(golden("e2b_like_assistant"), target->config(),
                                                    target->backend());
-  assistant::AssistantDraftSource source(*target, *drafter);
+  assistant::AssistantDrafter source(*target, *drafter);
   const int vocab = target->config().vocab_size;
   constexpr int kTokens = 20;
   int64_t drafted = 0, accepted = 0;
@@ -182,9 +182,9 @@ TEST(CudaDeviceSamplingDistribution, SecondTokenFollowsTheTargetDistribution) {
   if (!have("e2b_like") || !have("e2b_like_assistant")) GTEST_SKIP();
   auto gpu = gemma4::Gemma4Model::load(golden("e2b_like"), on_cuda());
   auto cpu = gemma4::Gemma4Model::load(golden("e2b_like"));
-  auto drafter = assistant::AssistantDrafter::load(golden("e2b_like_assistant"), gpu->config(),
+  auto drafter = assistant::AssistantModel::load(golden("e2b_like_assistant"), gpu->config(),
                                                    gpu->backend());
-  assistant::AssistantDraftSource source(*gpu, *drafter);
+  assistant::AssistantDrafter source(*gpu, *drafter);
   const std::vector<int32_t> prompt = {5, 17, 33, 2, 90, 41, 7};
   for (float top_p : {1.0f, 0.9f}) {
     SamplingParams params;

@@ -263,12 +263,12 @@ AssistantConfig assistant_config_for(const gemma4::Gemma4Config& target, int num
   return c;
 }
 
-AssistantDrafter::~AssistantDrafter() = default;
+AssistantModel::~AssistantModel() = default;
 
-std::unique_ptr<AssistantDrafter> AssistantDrafter::load(const std::string& path,
+std::unique_ptr<AssistantModel> AssistantModel::load(const std::string& path,
                                                          const gemma4::Gemma4Config& target,
                                                          Backend& backend) {
-  std::unique_ptr<AssistantDrafter> d(new AssistantDrafter());
+  std::unique_ptr<AssistantModel> d(new AssistantModel());
   d->config_ = load_assistant_config(path);
   d->backend_ = &backend;
   const AssistantConfig& c = d->config_;
@@ -311,12 +311,12 @@ std::unique_ptr<AssistantDrafter> AssistantDrafter::load(const std::string& path
   return d;
 }
 
-std::unique_ptr<AssistantDrafter> AssistantDrafter::random(const AssistantConfig& config,
+std::unique_ptr<AssistantModel> AssistantModel::random(const AssistantConfig& config,
                                                            const gemma4::Gemma4Config& target,
                                                            Backend& backend, uint64_t seed,
                                                            bool centroid_head) {
   const std::string origin = fmt::format("random assistant drafter (seed {})", seed);
-  std::unique_ptr<AssistantDrafter> d(new AssistantDrafter());
+  std::unique_ptr<AssistantModel> d(new AssistantModel());
   d->config_ = config;
   d->backend_ = &backend;
   const AssistantConfig& c = d->config_;
@@ -342,7 +342,7 @@ std::unique_ptr<AssistantDrafter> AssistantDrafter::random(const AssistantConfig
   return d;
 }
 
-void AssistantDrafter::init_after_weights() {
+void AssistantModel::init_after_weights() {
   Backend& be = *backend_;
   const AssistantConfig& c = config_;
   const gemma4::Gemma4Config& t = c.text;
@@ -379,7 +379,7 @@ void AssistantDrafter::init_after_weights() {
   }
 }
 
-std::string AssistantDrafter::head_description() const {
+std::string AssistantModel::head_description() const {
   if (centroid_head()) {
     return fmt::format(
         "centroid head ({} centroids, top-{}, {} candidates per step)", config_.num_centroids,
@@ -390,7 +390,7 @@ std::string AssistantDrafter::head_description() const {
 }
 
 // Device scratch of the centroid head for one step (carved from the step arena).
-struct AssistantDrafter::CentroidScratch {
+struct AssistantModel::CentroidScratch {
   Tensor scores;            // f32 [B, G]
   Tensor top;               // i32 [B, K]: the best centroids, best first
   Tensor candidates;        // i32 [B, K · V/G]
@@ -398,7 +398,7 @@ struct AssistantDrafter::CentroidScratch {
   Tensor candidate_scores;  // f32 [B, K · V/G]
 };
 
-DraftStepOutputs AssistantDrafter::step(const DraftStepInputs& in, DonorAttention& donors) {
+DraftStepOutputs AssistantModel::step(const DraftStepInputs& in, DonorAttention& donors) {
   Backend& be = *backend_;
   const gemma4::Gemma4Config& t = config_.text;
   const int64_t B = in.token_embeds.dim(0);
@@ -505,7 +505,7 @@ DraftStepOutputs AssistantDrafter::step(const DraftStepInputs& in, DonorAttentio
 // recorded): top_k_rows picks the clusters in torch.topk order, gather_rows
 // expands them into candidate ids through the token ordering, each row's
 // candidates are embedded and scored, and fill_scatter_rows spreads the scores.
-void AssistantDrafter::centroid_logits(const Tensor& h, const CentroidScratch& s,
+void AssistantModel::centroid_logits(const Tensor& h, const CentroidScratch& s,
                                        const Tensor& logits) {
   Backend& be = *backend_;
   const int64_t B = h.dim(0), Ha = h.dim(1);

@@ -62,7 +62,7 @@ struct AssistantWeights {
   Tensor embed_tokens;     // [V, Ha] (tied head)
   Tensor norm;             // [Ha]
   Tensor centroids;        // [G, Ha]   centroid head only
-  // i64|i32 [V], centroid head only: read on the host at load (AssistantDrafter
+  // i64|i32 [V], centroid head only: read on the host at load (AssistantModel
   // keeps it as a host vector), then cleared so it is never placed on the device.
   Tensor token_ordering;
   std::vector<AssistantLayerWeights> layers;
@@ -80,11 +80,11 @@ struct DraftStepOutputs {
   Tensor next_hidden;  // f32 [B, Hb]
 };
 
-class AssistantDrafter {
+class AssistantModel {
  public:
   // Loads a gemma4_assistant checkpoint for `target`: rejects a drafter whose
   // attention geometry or sizes do not match the target's donor layers.
-  static std::unique_ptr<AssistantDrafter> load(const std::string& path,
+  static std::unique_ptr<AssistantModel> load(const std::string& path,
                                                 const gemma4::Gemma4Config& target,
                                                 Backend& backend);
   // A drafter of `config` (text finalized, e.g. from assistant_config_for) for
@@ -92,11 +92,11 @@ class AssistantDrafter {
   // for benchmarks of released shapes without a checkpoint. A centroid head gets a
   // seeded permutation of the vocabulary as its token ordering. Geometry is
   // checked as load() checks it.
-  static std::unique_ptr<AssistantDrafter> random(const AssistantConfig& config,
+  static std::unique_ptr<AssistantModel> random(const AssistantConfig& config,
                                                   const gemma4::Gemma4Config& target,
                                                   Backend& backend, uint64_t seed,
                                                   bool centroid_head);
-  ~AssistantDrafter();
+  ~AssistantModel();
 
   const AssistantConfig& config() const { return config_; }
   bool centroid_head() const { return !weights_.centroids.empty(); }
@@ -112,7 +112,7 @@ class AssistantDrafter {
   const void* arena_base() const { return arena_.base(); }
 
  private:
-  AssistantDrafter() = default;
+  AssistantModel() = default;
   // Shared by load() and random() once the weights are on the device: host copies
   // of the layer scalars, device RoPE tables, backend scratch and centroid staging.
   void init_after_weights();

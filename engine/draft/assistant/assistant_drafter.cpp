@@ -26,7 +26,7 @@ void for_each_chain_run(std::span<const int64_t> slots, F&& f) {
 
 }  // namespace
 
-AssistantDraftSource::AssistantDraftSource(gemma4::Gemma4Model& target, AssistantDrafter& drafter)
+AssistantDrafter::AssistantDrafter(gemma4::Gemma4Model& target, AssistantModel& drafter)
     : target_(target), drafter_(drafter), backend_(target.backend()) {
   if (&drafter.backend() != &target.backend()) {
     fail("assistant drafter on {} cannot draft for a target on {}: both must use one backend",
@@ -34,17 +34,17 @@ AssistantDraftSource::AssistantDraftSource(gemma4::Gemma4Model& target, Assistan
   }
 }
 
-Tensor AssistantDraftSource::step(int step_index, std::span<const DraftRow> rows) {
+Tensor AssistantDrafter::step(int step_index, std::span<const DraftRow> rows) {
   return draft_step(step_index, rows, nullptr);
 }
 
-Tensor AssistantDraftSource::step_on_device(int step_index, std::span<const DraftRow> rows,
+Tensor AssistantDrafter::step_on_device(int step_index, std::span<const DraftRow> rows,
                                             const DraftDeviceInputs& inputs) {
   check_device_inputs(step_index, rows, inputs);
   return draft_step(step_index, rows, &inputs);
 }
 
-void AssistantDraftSource::check_device_inputs(int step_index, std::span<const DraftRow> rows,
+void AssistantDrafter::check_device_inputs(int step_index, std::span<const DraftRow> rows,
                                                const DraftDeviceInputs& inputs) const {
   const int64_t B = static_cast<int64_t>(rows.size());
   const int64_t Hb = drafter_.config().backbone_hidden_size;
@@ -61,7 +61,7 @@ void AssistantDraftSource::check_device_inputs(int step_index, std::span<const D
   }
 }
 
-Tensor AssistantDraftSource::draft_step(int step_index, std::span<const DraftRow> rows,
+Tensor AssistantDrafter::draft_step(int step_index, std::span<const DraftRow> rows,
                                         const DraftDeviceInputs* device) {
   // Run at once, so every step can take input slot 0 (and share recordings).
   stage(step_index, rows, device, /*slot=*/0);
@@ -74,7 +74,7 @@ Tensor AssistantDraftSource::draft_step(int step_index, std::span<const DraftRow
   return graphs_.run(backend_, graph_key_, [&] { return run_staged_step(step_index); });
 }
 
-AssistantDraftSource::InputViews AssistantDraftSource::input_views(int slot, int64_t B) const {
+AssistantDrafter::InputViews AssistantDrafter::input_views(int slot, int64_t B) const {
   const int64_t Hb = drafter_.config().backbone_hidden_size;
   const size_t ids_bytes = aligned(static_cast<size_t>(3 * input_rows_) * sizeof(int32_t));
   const size_t rows_bytes = aligned(static_cast<size_t>(input_rows_ * Hb) * sizeof(float));
@@ -87,7 +87,7 @@ AssistantDraftSource::InputViews AssistantDraftSource::input_views(int slot, int
           .gathered = Tensor(shared + rows_bytes, DType::kF32, {B, Hb}, dev)};
 }
 
-void AssistantDraftSource::stage(int step_index, std::span<const DraftRow> rows,
+void AssistantDrafter::stage(int step_index, std::span<const DraftRow> rows,
                                  const DraftDeviceInputs* device, int slot) {
   Backend& be = backend_;
   const int64_t B = static_cast<int64_t>(rows.size());
@@ -181,7 +181,7 @@ void AssistantDraftSource::stage(int step_index, std::span<const DraftRow> rows,
   plan.donors.bind(plan.kvs, input_views(slot, B).ids_positions.row(2));
 }
 
-void AssistantDraftSource::append_step_key(int step_index, std::vector<int64_t>& key) const {
+void AssistantDrafter::append_step_key(int step_index, std::vector<int64_t>& key) const {
   SPECULA_CHECK(step_index >= 0 && step_index < staged_steps_, "draft step {} is not staged",
                 step_index);
   const StepPlan& plan = plans_[static_cast<size_t>(step_index)];
@@ -208,7 +208,7 @@ void AssistantDraftSource::append_step_key(int step_index, std::vector<int64_t>&
   }
 }
 
-Tensor AssistantDraftSource::run_staged_step(int step_index) {
+Tensor AssistantDrafter::run_staged_step(int step_index) {
   SPECULA_CHECK(step_index >= 0 && step_index < staged_steps_, "draft step {} is not staged",
                 step_index);
   Backend& be = backend_;

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// AssistantDraftSource: the Drafter interface over a Gemma 4 assistant and its
+// AssistantDrafter: the Drafter interface over a Gemma 4 assistant and its
 // target. It keeps each row's chained hidden state between the steps of a round,
 // on the models' device.
 #pragma once
@@ -15,10 +15,10 @@
 
 namespace specula::assistant {
 
-class AssistantDraftSource : public Drafter {
+class AssistantDrafter : public Drafter {
  public:
   // Both models must outlive this object and run on the same Backend.
-  AssistantDraftSource(gemma4::Gemma4Model& target, AssistantDrafter& drafter);
+  AssistantDrafter(gemma4::Gemma4Model& target, AssistantModel& drafter);
   int64_t vocab_size() const override { return drafter_.config().text.vocab_size; }
   // Returns f32 [rows.size(), V] logits on the models' device.
   Tensor step(int step_index, std::span<const DraftRow> rows) override;
@@ -64,7 +64,7 @@ class AssistantDraftSource : public Drafter {
              int slot);
 
   gemma4::Gemma4Model& target_;
-  AssistantDrafter& drafter_;
+  AssistantModel& drafter_;
   Backend& backend_;
   // Chained hidden of the rows of the round's step 0, in their order: row j of
   // chain_ (f32 [B0, Hb] on the device) belongs to request chain_requests_[j].

@@ -32,7 +32,7 @@ class EmbeddedFamily : public ::testing::Test {
         !testing::golden_exists("embedded"))
       return;
     target_ = gemma4::Gemma4Model::load(models_dir() + "/gemma4-tiny-py").release();
-    drafter_ = assistant::AssistantDrafter::load(models_dir() + "/gemma4-tiny-py-assistant",
+    drafter_ = assistant::AssistantModel::load(models_dir() + "/gemma4-tiny-py-assistant",
                                                  target_->config(), target_->backend())
                    .release();
     expected_ = new io::SafetensorsFile(testing::golden_dir("embedded") + "/expected.safetensors");
@@ -46,11 +46,11 @@ class EmbeddedFamily : public ::testing::Test {
     if (target_ == nullptr) GTEST_SKIP() << "embedded family or its golden not present";
   }
   static gemma4::Gemma4Model* target_;
-  static assistant::AssistantDrafter* drafter_;
+  static assistant::AssistantModel* drafter_;
   static io::SafetensorsFile* expected_;
 };
 gemma4::Gemma4Model* EmbeddedFamily::target_ = nullptr;
-assistant::AssistantDrafter* EmbeddedFamily::drafter_ = nullptr;
+assistant::AssistantModel* EmbeddedFamily::drafter_ = nullptr;
 io::SafetensorsFile* EmbeddedFamily::expected_ = nullptr;
 
 TEST_F(EmbeddedFamily, ShardedBf16CheckpointMatchesTransformersLogits) {
@@ -81,7 +81,7 @@ TEST_F(EmbeddedFamily, GreedyContinuationsMatchTransformers) {
 }
 
 TEST_F(EmbeddedFamily, SpeculativeAcceptanceEqualsPyTorch) {
-  assistant::AssistantDraftSource source(*target_, *drafter_);
+  assistant::AssistantDrafter source(*target_, *drafter_);
   EXPECT_TRUE(drafter_->centroid_head());
   for (int i = 0; i < 4; ++i) {
     const std::vector<int32_t> prompt = to_ids(expected_->get(fmt::format("input_ids.{}", i)));

@@ -37,7 +37,7 @@ TEST_P(AssistantGolden, DraftStepsAfterPrefillMatchTransformers) {
   }
   auto target = gemma4::Gemma4Model::load(golden_dir(c.target));
   auto drafter =
-      assistant::AssistantDrafter::load(golden_dir(c.drafter), target->config(), target->backend());
+      assistant::AssistantModel::load(golden_dir(c.drafter), target->config(), target->backend());
   EXPECT_EQ(drafter->centroid_head(), c.centroid) << drafter->head_description();
   io::SafetensorsFile want(golden_dir(c.drafter) + "/expected.safetensors");
   io::SafetensorsFile target_want(golden_dir(c.target) + "/expected.safetensors");
@@ -89,8 +89,8 @@ TEST_P(AssistantGolden, AssistedGreedyGenerationReproducesTransformers) {
   if (!testing::golden_exists(c.target) || !testing::golden_exists(c.drafter)) GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden_dir(c.target));
   auto drafter =
-      assistant::AssistantDrafter::load(golden_dir(c.drafter), target->config(), target->backend());
-  assistant::AssistantDraftSource source(*target, *drafter);
+      assistant::AssistantModel::load(golden_dir(c.drafter), target->config(), target->backend());
+  assistant::AssistantDrafter source(*target, *drafter);
   io::SafetensorsFile want(golden_dir(c.drafter) + "/expected.safetensors");
   const std::vector<int32_t> prompt = to_ids(want.get("input_ids"));
   const std::vector<int32_t> assisted = to_ids(want.get("assisted_ids"));
@@ -117,7 +117,7 @@ TEST(AssistantLoad, RejectsADrafterForAnotherTarget) {
     GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden_dir("dense_kev"));
   try {
-    (void)assistant::AssistantDrafter::load(golden_dir("e2b_like_assistant"), target->config(),
+    (void)assistant::AssistantModel::load(golden_dir("e2b_like_assistant"), target->config(),
                                             target->backend());
     FAIL() << "a drafter with mismatched donor geometry must be rejected";
   } catch (const Error& e) {

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Random-weight assistant drafters (benchmarks without a checkpoint): the
 // released-shape config builder, and a random drafter over a random tiny target
-// drafting through AssistantDraftSource (shapes, determinism per seed, the
+// drafting through AssistantDrafter (shapes, determinism per seed, the
 // centroid head's fill, row subsets, no steady-state allocations).
 #include <gtest/gtest.h>
 
@@ -151,15 +151,15 @@ TEST(AssistantRandom, RejectsAGeometryThatDoesNotFitTheTarget) {
   assistant::AssistantConfig c = tiny_assistant(target);
   c.backbone_hidden_size = 48;
   try {
-    (void)assistant::AssistantDrafter::random(c, target, be, 1, false);
+    (void)assistant::AssistantModel::random(c, target, be, 1, false);
     FAIL() << "a drafter for another backbone must be rejected";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("backbone_hidden_size"), std::string::npos) << e.what();
   }
   c = tiny_assistant(target);
   c.num_centroids = 10;  // 256 tokens do not split into 10 clusters
-  EXPECT_THROW((void)assistant::AssistantDrafter::random(c, target, be, 1, true), Error);
-  EXPECT_NO_THROW((void)assistant::AssistantDrafter::random(c, target, be, 1, false));
+  EXPECT_THROW((void)assistant::AssistantModel::random(c, target, be, 1, true), Error);
+  EXPECT_NO_THROW((void)assistant::AssistantModel::random(c, target, be, 1, false));
 }
 
 // A random tiny target with prefilled sequences, and draft rounds over it.
@@ -177,14 +177,14 @@ class RandomDrafting : public ::testing::TestWithParam<bool> {
     hidden_.assign(out.hidden.f32().begin(), out.hidden.f32().end());
   }
 
-  std::unique_ptr<assistant::AssistantDrafter> drafter(uint64_t seed) {
-    return assistant::AssistantDrafter::random(tiny_assistant(target_->config()), target_->config(),
+  std::unique_ptr<assistant::AssistantModel> drafter(uint64_t seed) {
+    return assistant::AssistantModel::random(tiny_assistant(target_->config()), target_->config(),
                                                target_->backend(), seed, GetParam());
   }
 
   // One round: step s drafts the rows `subsets[s]` (indices of kvs_); returns
   // every step's logits, row-major, copied to the host.
-  std::vector<std::vector<float>> draft_round(assistant::AssistantDraftSource& source,
+  std::vector<std::vector<float>> draft_round(assistant::AssistantDrafter& source,
                                               const std::vector<std::vector<int>>& subsets) {
     const int64_t H = target_->config().hidden_size, V = target_->config().vocab_size;
     std::vector<std::vector<float>> result;
@@ -214,7 +214,7 @@ class RandomDrafting : public ::testing::TestWithParam<bool> {
 TEST_P(RandomDrafting, StepsAreDeterministicPerSeed) {
   auto a = drafter(7), b = drafter(7), other = drafter(8);
   EXPECT_EQ(a->centroid_head(), GetParam()) << a->head_description();
-  assistant::AssistantDraftSource sa(*target_, *a), sb(*target_, *b), so(*target_, *other);
+  assistant::AssistantDrafter sa(*target_, *a), sb(*target_, *b), so(*target_, *other);
   const std::vector<std::vector<int>> subsets = {{0, 1, 2}, {0, 1, 2}, {0, 2}, {2}};
   const auto la = draft_round(sa, subsets), lb = draft_round(sb, subsets),
              lo = draft_round(so, subsets);
@@ -231,13 +231,13 @@ TEST_P(RandomDrafting, RowSubsetsChainLikeRowsDraftedAlone) {
   // CPU kernels are batch-invariant, so a row drafted with others (and dropped
   // from the middle of later steps) chains exactly as when drafted alone.
   auto d = drafter(3);
-  assistant::AssistantDraftSource together(*target_, *d);
+  assistant::AssistantDrafter together(*target_, *d);
   const auto joint = draft_round(together, {{0, 1, 2}, {0, 1, 2}, {0, 2}, {2}});
   const int64_t V = target_->config().vocab_size;
   auto row = [&](const std::vector<float>& step, int64_t b) {
     return std::vector<float>(step.begin() + b * V, step.begin() + (b + 1) * V);
   };
-  assistant::AssistantDraftSource alone(*target_, *d);
+  assistant::AssistantDrafter alone(*target_, *d);
   const auto solo2 = draft_round(alone, {{2}, {2}, {2}, {2}});
   EXPECT_EQ(row(joint[0], 2), solo2[0]);
   EXPECT_EQ(row(joint[1], 2), solo2[1]);
@@ -251,7 +251,7 @@ TEST_P(RandomDrafting, OnlyTheCentroidHeadFillsOutsideItsCandidates) {
   // Centroid head: every token outside the top-k clusters gets the same
   // (min candidate score - 1), the row's minimum. Dense head: every token is scored.
   auto d = drafter(5);
-  assistant::AssistantDraftSource source(*target_, *d);
+  assistant::AssistantDrafter source(*target_, *d);
   const int64_t V = target_->config().vocab_size;
   const int64_t at_min = GetParam() ? V - 3 * (V / 16) : 1;
   for (const auto& step : draft_round(source, {{0, 1, 2}, {0, 1, 2}})) {
@@ -265,7 +265,7 @@ TEST_P(RandomDrafting, OnlyTheCentroidHeadFillsOutsideItsCandidates) {
 
 TEST_P(RandomDrafting, SteadyStepsMakeNoBackendAllocations) {
   auto d = drafter(9);
-  assistant::AssistantDraftSource source(*target_, *d);
+  assistant::AssistantDrafter source(*target_, *d);
   const std::vector<std::vector<int>> subsets = {{0, 1, 2}, {0, 1, 2}, {0, 2}};
   (void)draft_round(source, subsets);
   const int64_t before = target_->backend().allocation_count();

@@ -36,8 +36,8 @@ TEST_P(SpeculationInvariance, GreedyOutputIdenticalWithAndWithoutDrafter) {
     GTEST_SKIP() << "fixtures missing";
   auto target = gemma4::Gemma4Model::load(golden_dir(c.target));
   auto drafter =
-      assistant::AssistantDrafter::load(golden_dir(c.drafter), target->config(), target->backend());
-  assistant::AssistantDraftSource source(*target, *drafter);
+      assistant::AssistantModel::load(golden_dir(c.drafter), target->config(), target->backend());
+  assistant::AssistantDrafter source(*target, *drafter);
   const int vocab = target->config().vocab_size;
   for (int batch : {1, 3, 8}) {
     auto reqs = greedy_requests(batch, vocab, 24);
@@ -182,8 +182,8 @@ TEST(SpeculationReadbacks, GreedyDeviceRoundsReadBackOncePerRound) {
       GTEST_SKIP() << "fixtures missing";
     auto target = gemma4::Gemma4Model::load(golden_dir("e2b_like"));
     auto drafter =
-        assistant::AssistantDrafter::load(golden_dir(name), target->config(), target->backend());
-    assistant::AssistantDraftSource source(*target, *drafter);
+        assistant::AssistantModel::load(golden_dir(name), target->config(), target->backend());
+    assistant::AssistantDrafter source(*target, *drafter);
     ASSERT_TRUE(source.takes_device_inputs());
     auto reqs = greedy_requests(3, target->config().vocab_size, 20);
     for (int k : {1, 4}) {
@@ -240,9 +240,9 @@ TEST_P(SpeculativeSampling, SecondTokenFollowsTheTargetDistribution) {
   if (!testing::golden_exists("e2b_like") || !testing::golden_exists("e2b_like_assistant"))
     GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden_dir("e2b_like"));
-  auto drafter = assistant::AssistantDrafter::load(golden_dir("e2b_like_assistant"),
+  auto drafter = assistant::AssistantModel::load(golden_dir("e2b_like_assistant"),
                                                    target->config(), target->backend());
-  assistant::AssistantDraftSource source(*target, *drafter);
+  assistant::AssistantDrafter source(*target, *drafter);
   const std::vector<int32_t> prompt = {5, 17, 33, 2, 90, 41, 7};
   SamplingParams params;
   params.temperature = GetParam().temperature;
@@ -310,9 +310,9 @@ TEST(DeviceSampling, SameTokensAsHostSampling) {
   if (!testing::golden_exists("e2b_like") || !testing::golden_exists("e2b_like_assistant"))
     GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden_dir("e2b_like"));
-  auto drafter = assistant::AssistantDrafter::load(golden_dir("e2b_like_assistant"),
+  auto drafter = assistant::AssistantModel::load(golden_dir("e2b_like_assistant"),
                                                    target->config(), target->backend());
-  assistant::AssistantDraftSource source(*target, *drafter);
+  assistant::AssistantDrafter source(*target, *drafter);
   const int vocab = target->config().vocab_size;
   for (int batch : {1, 3, 8}) {
     const auto reqs = testing::sampled_requests(batch, vocab, 20);
@@ -342,9 +342,9 @@ TEST(DeviceSampling, GreedyRowsInASampledBatchKeepTheirTokens) {
   if (!testing::golden_exists("e2b_like") || !testing::golden_exists("e2b_like_assistant"))
     GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden_dir("e2b_like"));
-  auto drafter = assistant::AssistantDrafter::load(golden_dir("e2b_like_assistant"),
+  auto drafter = assistant::AssistantModel::load(golden_dir("e2b_like_assistant"),
                                                    target->config(), target->backend());
-  assistant::AssistantDraftSource source(*target, *drafter);
+  assistant::AssistantDrafter source(*target, *drafter);
   const int vocab = target->config().vocab_size;
   auto reqs = greedy_requests(5, vocab, 16);
   const auto greedy = speculative::decode(*target, nullptr, reqs, {});
@@ -416,9 +416,9 @@ TEST(DeviceSampling, PenaltiesWithADrafterMatchTheHost) {
   if (!testing::golden_exists("e2b_like") || !testing::golden_exists("e2b_like_assistant"))
     GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden_dir("e2b_like"));
-  auto drafter = assistant::AssistantDrafter::load(golden_dir("e2b_like_assistant"),
+  auto drafter = assistant::AssistantModel::load(golden_dir("e2b_like_assistant"),
                                                    target->config(), target->backend());
-  assistant::AssistantDraftSource source(*target, *drafter);
+  assistant::AssistantDrafter source(*target, *drafter);
   const int vocab = target->config().vocab_size;
   constexpr int kTokens = 20;
   int64_t drafted = 0, accepted = 0;
@@ -467,9 +467,9 @@ TEST(EngineReuse, CallsOfDifferentShapesMatchFreshCalls) {
   if (!testing::golden_exists("e2b_like") || !testing::golden_exists("e2b_like_assistant"))
     GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden_dir("e2b_like"));
-  auto drafter = assistant::AssistantDrafter::load(golden_dir("e2b_like_assistant"),
+  auto drafter = assistant::AssistantModel::load(golden_dir("e2b_like_assistant"),
                                                    target->config(), target->backend());
-  assistant::AssistantDraftSource source(*target, *drafter);
+  assistant::AssistantDrafter source(*target, *drafter);
   const int vocab = target->config().vocab_size;
   speculative::Engine engine(*target, &source,
                              {.schedule = {.draft_tokens = 4}, .max_rows = 3});

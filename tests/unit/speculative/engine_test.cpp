@@ -40,10 +40,10 @@ class EngineTest : public ::testing::Test {
   static void SetUpTestSuite() {
     if (!std::filesystem::exists(models_dir() + "/gemma4-tiny-py-assistant")) return;
     target_ = gemma4::Gemma4Model::load(models_dir() + "/gemma4-tiny-py").release();
-    drafter_ = assistant::AssistantDrafter::load(models_dir() + "/gemma4-tiny-py-assistant",
+    drafter_ = assistant::AssistantModel::load(models_dir() + "/gemma4-tiny-py-assistant",
                                                  target_->config(), target_->backend())
                    .release();
-    assistant_ = new assistant::AssistantDraftSource(*target_, *drafter_);
+    assistant_ = new assistant::AssistantDrafter(*target_, *drafter_);
     ngram_ = new ngram::NgramDrafter(target_->config().vocab_size, {});
   }
   static void TearDownTestSuite() {
@@ -61,8 +61,8 @@ class EngineTest : public ::testing::Test {
     return nullptr;
   }
   static inline gemma4::Gemma4Model* target_ = nullptr;
-  static inline assistant::AssistantDrafter* drafter_ = nullptr;
-  static inline assistant::AssistantDraftSource* assistant_ = nullptr;
+  static inline assistant::AssistantModel* drafter_ = nullptr;
+  static inline assistant::AssistantDrafter* assistant_ = nullptr;
   static inline ngram::NgramDrafter* ngram_ = nullptr;
 };
 

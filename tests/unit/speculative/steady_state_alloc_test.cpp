@@ -67,9 +67,9 @@ TEST(SteadyState, DecodeVerifyAndDraftStepsDoNotAllocate) {
   if (!testing::golden_exists("e2b_like") || !testing::golden_exists("e2b_like_assistant"))
     GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(testing::golden_dir("e2b_like"));
-  auto drafter = assistant::AssistantDrafter::load(testing::golden_dir("e2b_like_assistant"),
+  auto drafter = assistant::AssistantModel::load(testing::golden_dir("e2b_like_assistant"),
                                                    target->config(), target->backend());
-  assistant::AssistantDraftSource source(*target, *drafter);
+  assistant::AssistantDrafter source(*target, *drafter);
   constexpr int kRows = 3;
   std::vector<SequenceKv> kvs;
   for (int i = 0; i < kRows; ++i) kvs.push_back(target->new_sequence());
