@@ -266,7 +266,7 @@ struct MicroRunner {
           {.kv = &one.front(), .tokens = last, .all_logits = false}});
       std::vector<float> hidden(static_cast<size_t>(c.hidden_size));
       be.download(fo.hidden.slice_rows(0, 1), hidden.data());
-      const DraftRow row{.request = 0,
+      const DraftRow row{.sequence = 0,
                          .token = random_ids(1, c.vocab_size, &state)[0],
                          .position = static_cast<int32_t>(one.front().length()),
                          .target_kv = &one.front(),

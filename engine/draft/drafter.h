@@ -16,7 +16,7 @@
 namespace specula {
 
 struct DraftRow {
-  int request = 0;       // stable id of the sequence while it runs (the engine's row slot)
+  int sequence = 0;      // id of the sequence while it runs (the engine's row slot; reused after release)
   int32_t token = 0;     // the token to extend: the pending token at step 0, then the last draft
   int32_t position = 0;  // position of the pending token (constant within a round)
   SequenceKv* target_kv = nullptr;  // the target's cache of this sequence (positions < position)
@@ -41,7 +41,7 @@ struct DraftDeviceInputs {
 // a prefill piece), whose tapped hiddens are rows [tap_row, tap_row + count)
 // of each tap of the forward.
 struct CommittedRow {
-  int request = 0;  // DraftRow::request of the sequence
+  int sequence = 0;  // DraftRow::sequence of the sequence
   int64_t position = 0;
   int count = 0;
   int64_t tap_row = 0;
@@ -75,9 +75,9 @@ class Drafter {
   // drafter that keeps its own context grows or trims it here. Default:
   // nothing.
   virtual void on_committed(std::span<const CommittedRow> rows, const Tensor& taps) {}
-  // The sequence `request` ended (finished or cancelled); its id may be
+  // The sequence `sequence` ended (finished or cancelled); its id may be
   // reused. Default: nothing.
-  virtual void release(int request) {}
+  virtual void release(int sequence) {}
   // Whether step_on_device() is implemented.
   virtual bool takes_device_inputs() const { return false; }
   // As step(step_index, rows), reading each row's token (and, at step 0, its

@@ -467,7 +467,7 @@ void Engine::State::prefill_forward(std::span<Row* const> rows, std::span<const 
   int64_t M = 0;
   committed.clear();
   for (size_t i = 0; i < rows.size(); ++i) {
-    committed.push_back({.request = static_cast<int>(rows[i]->slot),
+    committed.push_back({.sequence = static_cast<int>(rows[i]->slot),
                          .position = rows[i]->prefilled,
                          .count = static_cast<int>(take[i]),
                          .tap_row = M});

@@ -88,7 +88,7 @@ void Engine::State::draft_on_device(int round_k) {
     draft_rows.clear();
     for (Row* r : active) {
       if (r->k_round <= s) continue;
-      draft_rows.push_back({.request = static_cast<int>(r->slot),
+      draft_rows.push_back({.sequence = static_cast<int>(r->slot),
                             .token = 0,  // on the device
                             .position = static_cast<int32_t>(r->kv->length()),
                             .target_kv = &*r->kv,
@@ -132,7 +132,7 @@ void Engine::State::draft_on_host(const Modes& m) {
     draft_owner.clear();
     for (Row* r : active) {
       if (r->k_round <= s) continue;
-      draft_rows.push_back({.request = static_cast<int>(r->slot),
+      draft_rows.push_back({.sequence = static_cast<int>(r->slot),
                             .token = s == 0 ? r->pending : r->drafts.back(),
                             .position = static_cast<int32_t>(r->kv->length()),
                             .target_kv = &*r->kv,
@@ -178,7 +178,7 @@ void Engine::State::propose_drafts() {
   for (Row* r : active) {
     if (r->k_round == 0) continue;
     r->drafts.resize(static_cast<size_t>(r->k_round));
-    const DraftRow row{.request = static_cast<int>(r->slot),
+    const DraftRow row{.sequence = static_cast<int>(r->slot),
                        .token = r->pending,
                        .position = static_cast<int32_t>(r->kv->length()),
                        .target_kv = &*r->kv,
@@ -361,7 +361,7 @@ void Engine::State::accept(const gemma4::ForwardOutput& out, const Modes& m) {
 
     // Keep [pending, d1..dn] in the cache; the new pending token heads the next window.
     r.kv->truncate(pos0[a] + 1 + n);
-    committed.push_back({.request = static_cast<int>(r.slot),
+    committed.push_back({.sequence = static_cast<int>(r.slot),
                          .position = pos0[a],
                          .count = 1 + n,
                          .tap_row = window_at});

@@ -298,7 +298,7 @@ TEST_P(CudaDraftGraphs, ReplayedDraftStepsEqualDirectSteps) {
       std::vector<DraftRow> draft_rows;
       for (int r = 0; r < n_rows; ++r) {
         draft_rows.push_back(
-            {.request = r,
+            {.sequence = r,
              .token = 3 + (round * 29 + r) % (vocab - 3),
              .position = static_cast<int32_t>(kvs[static_cast<size_t>(r)].length()),
              .target_kv = &kvs[static_cast<size_t>(r)],
@@ -365,7 +365,7 @@ TEST(CudaSteadyState, DecodeVerifyAndDraftStepsDoNotAllocateDeviceMemory) {
     for (auto& kv : kvs) kv.truncate(kv.length() - static_cast<int64_t>(tokens.size()) + 1);
     for (int i = 0; i < kRows; ++i) {
       draft_rows[static_cast<size_t>(i)] = {
-          .request = i,
+          .sequence = i,
           .token = 7,
           .position = static_cast<int32_t>(kvs[static_cast<size_t>(i)].length()),
           .target_kv = &kvs[static_cast<size_t>(i)],

@@ -111,8 +111,8 @@ void AssistantDrafter::stage(int step_index, std::span<const DraftRow> rows,
   for (int64_t b = 0; b < B; ++b) {
     const DraftRow& r = rows[static_cast<size_t>(b)];
     SPECULA_CHECK(r.target_kv != nullptr && r.target_kv->length() > 0,
-                  "draft step {}: request {} needs a prefilled target cache", step_index,
-                  r.request);
+                  "draft step {}: sequence {} needs a prefilled target cache", step_index,
+                  r.sequence);
     plan.host_ids[static_cast<size_t>(b)] = device ? 0 : r.token;
     plan.host_ids[static_cast<size_t>(B + b)] = r.position;
     plan.host_ids[static_cast<size_t>(2 * B + b)] = static_cast<int32_t>(r.target_kv->length() - 1);
@@ -144,7 +144,7 @@ void AssistantDrafter::stage(int step_index, std::span<const DraftRow> rows,
       chain_ = DeviceBuffer(be, static_cast<size_t>(B * Hb) * sizeof(float));
     }
     chain_requests_.clear();
-    for (const DraftRow& r : rows) chain_requests_.push_back(r.request);
+    for (const DraftRow& r : rows) chain_requests_.push_back(r.sequence);
     plan.slots.resize(static_cast<size_t>(B));
     for (int64_t b = 0; b < B; ++b) plan.slots[static_cast<size_t>(b)] = b;
     if (!device) {
@@ -152,7 +152,7 @@ void AssistantDrafter::stage(int step_index, std::span<const DraftRow> rows,
       for (int64_t b = 0; b < B; ++b) {
         const DraftRow& r = rows[static_cast<size_t>(b)];
         SPECULA_CHECK(r.target_hidden != nullptr,
-                      "draft step 0 of request {} needs the target hidden", r.request);
+                      "draft step 0 of sequence {} needs the target hidden", r.sequence);
         std::memcpy(host_hidden_.data() + b * Hb, r.target_hidden,
                     static_cast<size_t>(Hb) * sizeof(float));
       }
@@ -163,7 +163,7 @@ void AssistantDrafter::stage(int step_index, std::span<const DraftRow> rows,
     plan.slots.resize(static_cast<size_t>(B));
     size_t next = 0;
     for (int64_t b = 0; b < B; ++b) {
-      const int request = rows[static_cast<size_t>(b)].request;
+      const int request = rows[static_cast<size_t>(b)].sequence;
       while (next < chain_requests_.size() && chain_requests_[next] != request) ++next;
       if (next == chain_requests_.size()) {
         fail(

@@ -191,7 +191,7 @@ class RandomDrafting : public ::testing::TestWithParam<bool> {
     for (size_t s = 0; s < subsets.size(); ++s) {
       std::vector<DraftRow> rows;
       for (int i : subsets[s]) {
-        rows.push_back({.request = i,
+        rows.push_back({.sequence = i,
                         .token = static_cast<int32_t>(10 + 7 * i + 3 * static_cast<int>(s)),
                         .position = static_cast<int32_t>(kvs_[static_cast<size_t>(i)].length()),
                         .target_kv = &kvs_[static_cast<size_t>(i)],

@@ -65,7 +65,9 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, SpeculationInvariance,
 
 // A drafter that knows the target's greedy continuation and is right except
 // at scripted positions: exercises full acceptance, bonus tokens and partial
-// rollbacks, which random drafters rarely reach.
+// rollbacks, which random drafters rarely reach. decode() admits its requests
+// in order into an engine of one row each, so DraftRow::sequence (the row's
+// slot) is the request's index.
 class OracleDrafter : public Drafter {
  public:
   OracleDrafter(std::map<int, std::vector<int32_t>> truth, int64_t vocab)
@@ -84,10 +86,10 @@ class OracleDrafter : public Drafter {
       const int32_t got = inputs.tokens.data_as<const int32_t>()[b];
       int32_t want;
       if (step_index == 0) {
-        const auto& t = truth_[r.request];
-        want = t[static_cast<size_t>(r.position) - prompt_len_[r.request]];
+        const auto& t = truth_[r.sequence];
+        want = t[static_cast<size_t>(r.position) - prompt_len_[r.sequence]];
       } else {
-        want = proposed_[{r.request, step_index - 1}];
+        want = proposed_[{r.sequence, step_index - 1}];
       }
       if (got != want) ++token_errors_;
     }
@@ -98,14 +100,14 @@ class OracleDrafter : public Drafter {
     for (size_t b = 0; b < rows.size(); ++b) {
       const DraftRow& r = rows[b];
       // Position of the token being proposed, counted in generated tokens.
-      const auto& t = truth_[r.request];
-      const size_t gen_index = static_cast<size_t>(r.position) - prompt_len_[r.request] + 1 +
+      const auto& t = truth_[r.sequence];
+      const size_t gen_index = static_cast<size_t>(r.position) - prompt_len_[r.sequence] + 1 +
                                static_cast<size_t>(step_index);
       int32_t tok = gen_index < t.size() ? t[gen_index] : 0;
       if ((r.position + step_index) % 5 == 3)
         tok = (tok + 1) % static_cast<int32_t>(vocab_);  // scripted miss
       logits_.data<float>()[static_cast<int64_t>(b) * vocab_ + tok] = 10.0f;
-      proposed_[{r.request, step_index}] = tok;
+      proposed_[{r.sequence, step_index}] = tok;
       ++calls_;
     }
     return logits_;

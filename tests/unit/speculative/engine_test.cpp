@@ -266,7 +266,7 @@ class TapRecorder final : public Drafter {
   Tensor step(int, std::span<const DraftRow>) override { fail("TapRecorder proposes tokens"); }
   bool proposes_tokens() const override { return true; }
   int propose(const DraftRow& row, std::span<int32_t> out) override {
-    Sequence& s = live_[row.request];
+    Sequence& s = live_[row.sequence];
     if (row.history.size() > s.history.size())
       s.history.assign(row.history.begin(), row.history.end());
     return ngram::propose_ngram(row.history, {}, out);
@@ -279,7 +279,7 @@ class TapRecorder final : public Drafter {
     be_.download(t, all.data());
     const int64_t M = t.dim(1);
     for (const CommittedRow& c : rows) {
-      Sequence& s = live_[c.request];
+      Sequence& s = live_[c.sequence];
       ++s.commits;
       for (int j = 0; j < c.count; ++j) {
         std::vector<float> v(static_cast<size_t>(n * H_));
@@ -292,10 +292,10 @@ class TapRecorder final : public Drafter {
       }
     }
   }
-  void release(int request) override {
-    ASSERT_TRUE(live_.count(request)) << "release of an unknown sequence " << request;
-    ended.push_back(std::move(live_[request]));
-    live_.erase(request);
+  void release(int sequence) override {
+    ASSERT_TRUE(live_.count(sequence)) << "release of an unknown sequence " << sequence;
+    ended.push_back(std::move(live_[sequence]));
+    live_.erase(sequence);
   }
   std::vector<Sequence> ended;
 

@@ -90,7 +90,7 @@ TEST(SteadyState, DecodeVerifyAndDraftStepsDoNotAllocate) {
     for (auto& kv : kvs) kv.truncate(kv.length() - static_cast<int64_t>(tokens.size()) + 1);
     for (int i = 0; i < kRows; ++i) {
       draft_rows[static_cast<size_t>(i)] = {
-          .request = i,
+          .sequence = i,
           .token = 7,
           .position = static_cast<int32_t>(kvs[static_cast<size_t>(i)].length()),
           .target_kv = &kvs[static_cast<size_t>(i)],
