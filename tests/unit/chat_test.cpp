@@ -91,8 +91,50 @@ TEST(ChatFormat, GoldenTemplatesAreTheKnownRevisions) {
   EXPECT_EQ(current, 2);
 }
 
-// The template texts are not in the repository; when a developer has them in
-// .carry/chat_templates (see make_chat_golden.py), check the recogniser on them.
+// Checks of the recogniser on one template text: the verdict and family,
+// the family guess, a digest that CRLF line ends and trailing spaces do not
+// change, and one that an edit does.
+void check_template_text(const std::string& name, const std::string& body,
+                         ChatTemplateCheck::Status want, bool large) {
+  SCOPED_TRACE(name);
+  const auto check = check_chat_template(body);
+  EXPECT_EQ(check.status, want);
+  EXPECT_EQ(check.match != nullptr, want != ChatTemplateCheck::Status::kUnknown);
+  EXPECT_EQ(check.family == ChatTemplateFamily::kLarge, large);
+  EXPECT_EQ(guess_chat_template_family(body) == ChatTemplateFamily::kLarge, large);
+  std::string crlf;
+  for (char ch : body)
+    if (ch != '\r') crlf += ch == '\n' ? std::string(" \r\n") : std::string(1, ch);
+  EXPECT_EQ(check_chat_template(crlf).sha256, check.sha256);
+  std::string edited = body;
+  const size_t at = edited.find("<|turn>");
+  ASSERT_NE(at, std::string::npos);
+  edited.replace(at, 7, "<|turn >");
+  EXPECT_NE(check_chat_template(edited).sha256, check.sha256);
+  EXPECT_EQ(check_chat_template(edited).status, ChatTemplateCheck::Status::kUnknown);
+}
+
+// Stand-in templates of our own, tracked in tests/golden/chat/template_samples
+// (one saved with CRLF line ends and trailing blanks), with their digests from
+// make_chat_golden.py's normalisation, an implementation independent of ours:
+// the digest, the family guess and the unknown verdict, in every clone.
+TEST(ChatTemplateCheck, RecognisesTrackedSampleTemplates) {
+  const std::string dir = kGoldenDir + "/template_samples";
+  const auto digests = nlohmann::json::parse(slurp(dir + "/digests.json"));
+  ASSERT_EQ(digests.size(), 3u);
+  for (const auto& d : digests) {
+    const std::string name = d["file"];
+    const std::string body = slurp(dir + "/" + name);
+    EXPECT_EQ(check_chat_template(body).sha256, d["sha256_normalized"].get<std::string>()) << name;
+    check_template_text(name, body, ChatTemplateCheck::Status::kUnknown, d["family"] == "large");
+  }
+  EXPECT_EQ(digests[1]["sha256_normalized"], digests[2]["sha256_normalized"])
+      << "the CRLF copy normalises to the same text";
+}
+
+// The official template texts are not in the repository (only their digests,
+// in templates.json); when a developer has them in .carry/chat_templates (see
+// make_chat_golden.py), the same checks run on them, with their verdicts.
 TEST(ChatTemplateCheck, RecognisesTheOfficialTemplateFiles) {
   const std::string dir = std::string(SPECULA_SOURCE_DIR) + "/.carry/chat_templates";
   if (!std::filesystem::exists(dir + "/gemma4_large_2026-07-14.jinja")) {
@@ -100,22 +142,11 @@ TEST(ChatTemplateCheck, RecognisesTheOfficialTemplateFiles) {
   }
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
-    const std::string body = slurp(entry.path().string());
-    const auto check = check_chat_template(body);
-    ASSERT_NE(check.match, nullptr) << name;
-    EXPECT_EQ(check.status == ChatTemplateCheck::Status::kCurrent,
-              name.find("2026-07-14") != std::string::npos)
-        << name;
-    const bool large = name.find("large") != std::string::npos;
-    EXPECT_EQ(check.family == ChatTemplateFamily::kLarge, large) << name;
-    EXPECT_EQ(guess_chat_template_family(body) == ChatTemplateFamily::kLarge, large) << name;
-    // CRLF line ends and trailing spaces do not change the verdict; an edit does.
-    std::string crlf;
-    for (char ch : body) crlf += ch == '\n' ? std::string(" \r\n") : std::string(1, ch);
-    EXPECT_EQ(check_chat_template(crlf).sha256, check.sha256) << name;
-    std::string edited = body;
-    edited.replace(edited.find("<|turn>"), 7, "<|turn >");
-    EXPECT_EQ(check_chat_template(edited).status, ChatTemplateCheck::Status::kUnknown) << name;
+    check_template_text(name, slurp(entry.path().string()),
+                        name.find("2026-07-14") != std::string::npos
+                            ? ChatTemplateCheck::Status::kCurrent
+                            : ChatTemplateCheck::Status::kOlderOfficial,
+                        name.find("large") != std::string::npos);
   }
 }
 
