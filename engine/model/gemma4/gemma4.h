@@ -121,9 +121,21 @@ class Gemma4Model {
   const ForwardOutput& forward(std::span<const ForwardRow> rows,
                                const ForwardOptions& options = {});
 
-  // forward() in three parts, for a caller that records several steps as one
-  // (a speculative round: draft steps and the verify window in one graph).
-  // stage() is the host half: it validates (throwing, with every cache
+  // The target's scaled input embedding (×√H cast to the table dtype), as the
+  // assistant drafter consumes it. ids i32 [N] → out f32 [N, H].
+  void embed_scaled(const Tensor& ids, const Tensor& out);
+
+  // Recorded steps (CUDA graphs) for decode steps and verify windows: on by
+  // default where the backend supports them (the CLI's --no-graphs turns them
+  // off). Results are identical either way.
+  void set_graphs_enabled(bool on);
+  bool graphs_enabled() const { return graphs_enabled_; }
+  // Forwards that ran as a replayed graph so far (for tests and benchmarks).
+  int64_t graph_replays() const { return graphs_.replays(); }
+
+ private:
+  // forward() in three parts (recorded as one step when recordable). stage()
+  // is the host half: it validates (throwing, with every cache
   // unchanged, on bad input), plans, queues the inputs' upload and returns
   // the output's views and row offsets, which hold no values yet. rows (and
   // options.token_ids) must stay valid until finish_staged(). run_staged()
@@ -139,19 +151,6 @@ class Gemma4Model {
   void run_staged();
   const ForwardOutput& finish_staged();
 
-  // The target's scaled input embedding (×√H cast to the table dtype), as the
-  // assistant drafter consumes it. ids i32 [N] → out f32 [N, H].
-  void embed_scaled(const Tensor& ids, const Tensor& out);
-
-  // Recorded steps (CUDA graphs) for decode steps and verify windows: on by
-  // default where the backend supports them (the CLI's --no-graphs turns them
-  // off). Results are identical either way.
-  void set_graphs_enabled(bool on);
-  bool graphs_enabled() const { return graphs_enabled_; }
-  // Forwards that ran as a replayed graph so far (for tests and benchmarks).
-  int64_t graph_replays() const { return graphs_.replays(); }
-
- private:
   Gemma4Model() = default;
   // Shared by load() and random(): host copies of scalars, RoPE tables, the KV
   // cache spec and the backend's scratch.
