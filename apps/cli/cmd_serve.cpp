@@ -11,6 +11,7 @@
 #include <memory>
 #include <thread>
 
+#include "apps/cli/bench.h"
 #include "apps/cli/commands.h"
 #include "apps/cli/setup.h"
 #include "engine/chat/chat_template_check.h"
@@ -40,6 +41,9 @@ struct ServeArgs {
   int64_t max_body_size = 8 << 20;
   int max_connections = 4096;
   bool disable_log_requests = false;
+  // Benchmarking: a random-weight model of a released shape (needs --tokenizer).
+  std::string random_weights;
+  uint64_t seed = 1234;
 };
 
 void check_args(const ServeArgs& a) {
@@ -74,8 +78,20 @@ void run_serve(ServeArgs& args) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  LoadedModels m = load_models(args.model, /*with_draft=*/true, /*with_tokenizer=*/true,
-                               /*quiet=*/false);
+  LoadedModels m;
+  if (!args.random_weights.empty() || args.model.draft == kRandomDraft ||
+      args.model.draft.starts_with("replay:")) {
+    // The benchmarks' loader: random weights of a released shape, and the
+    // random or replay (simulated acceptance) drafters.
+    BenchArgs ba;
+    ba.model = args.model;
+    ba.random_weights = args.random_weights;
+    ba.seed = args.seed;
+    ba.need_tokenizer = true;
+    m = load_bench_models(ba, parse_device(args.model.device));
+  } else {
+    m = load_models(args.model, /*with_draft=*/true, /*with_tokenizer=*/true, /*quiet=*/false);
+  }
   speculative::EngineOptions eo;
   eo.schedule = args.schedule;
   eo.max_rows = args.max_num_seqs;
@@ -86,6 +102,7 @@ void run_serve(ServeArgs& args) {
 
   server::ServiceOptions so;
   so.model_name = !args.served_model_name.empty() ? args.served_model_name
+                  : !args.random_weights.empty()  ? "random-" + args.random_weights
                   : args.model.model.empty()
                       ? std::string("specula-default")
                       : std::filesystem::path(args.model.model).filename().string();
@@ -200,6 +217,11 @@ void register_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-connections", args->max_connections, "Most open connections (503)")
       ->capture_default_str();
+  cmd->add_option("--random-weights", args->random_weights,
+                  "Benchmarking: serve a random-weight model of a released shape (e2b, e4b, 31b, "
+                  "26b-a4b) or config.json; needs --tokenizer. --draft random / replay:A1,A2,... "
+                  "(simulated acceptance) work here as in bench");
+  cmd->add_option("--seed", args->seed, "Seed of --random-weights")->capture_default_str();
   cmd->add_flag("--disable-log-requests", args->disable_log_requests,
                 "No log line per request on stderr");
   cmd->callback([args] { run_serve(*args); });
