@@ -18,5 +18,6 @@ void register_tokenize(CLI::App& app);
 void register_draft_trace(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_serve(CLI::App& app);
+void register_bench_serve(CLI::App& app);
 
 }  // namespace specula::cli
