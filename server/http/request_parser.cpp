@@ -151,7 +151,8 @@ size_t RequestParser::feed(std::string_view bytes) {
     // the outcome does not depend on how the bytes were split: fed one at a
     // time, a head over the limit fails before a later line end arrives.)
     if (!first_line_checked_) {
-      const size_t eol = head_.find('\n');
+      // (Earlier feeds had no line end: search only the new bytes.)
+      const size_t eol = head_.find('\n', old_size);
       if (eol != std::string::npos && eol < max_header_bytes_) {
         first_line_checked_ = true;
         if (!parse_request_line(std::string_view(head_).substr(0, eol))) {
