@@ -129,6 +129,19 @@ void run_serve(ServeArgs& args) {
   so.has_drafter = m.draft_source != nullptr;
   so.context_length = m.target->max_context();
   so.default_max_tokens = args.default_max_tokens;
+  if (m.replay) {
+    // The replay drafter proposes the target's greedy continuation of prompts
+    // it has seen finish (a simulation for benchmarks): teach it every one.
+    so.on_choice_finished = [&m](const std::vector<int32_t>& prompt,
+                                 const std::vector<int32_t>& output) {
+      std::vector<int32_t> sequence = prompt;
+      sequence.insert(sequence.end(), output.begin(), output.end());
+      m.replay->add_reference(std::move(sequence));
+    };
+    fmt::print(stderr,
+               "note: --draft replay: SIMULATED acceptance, replaying the greedy output of prompts "
+               "served before (a first pass of a prompt drafts nothing useful)\n");
+  }
   server::Service service(engine, *m.tokenizer, so);
 
   http::ServerOptions ho;

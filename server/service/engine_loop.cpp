@@ -214,6 +214,7 @@ void Service::dispatch(const speculative::RequestUpdate& update) {
     for (size_t t = 0; t < update.tokens.size() && choice.stop_reason.empty(); ++t) {
       const int32_t id = update.tokens[t];
       ++choice.completion_tokens;
+      if (options_.on_choice_finished) choice.output.push_back(id);
       if (job.request.logprobs >= 0 && t < update.token_logprobs.size())
         choice.logprobs.push_back(token_logprob(update, t));
       // Stop tokens end generation without appearing in the text.
@@ -292,6 +293,8 @@ void Service::finish_choice(Job& job, Choice& choice, const std::string& reason,
   if (stats) choice.stats = *stats;
   rows_.erase(choice.engine_id);
   choice.engine_id = -1;
+  if (options_.on_choice_finished && (reason == "stop" || reason == "length"))
+    options_.on_choice_finished(job.prompt, choice.output);
   const double now = steady_seconds();
   // Counted at the end, from the same numbers as the usage, so the two agree.
   metrics_->generation_tokens->inc(static_cast<double>(choice.completion_tokens));

@@ -34,6 +34,7 @@ struct Service::Choice {
   std::string stop_reason;        // set when we ended the row ourselves (a stop string)
   std::string finish_reason;      // the final one
   int64_t completion_tokens = 0;  // tokens the row committed, up to the one that stopped it
+  std::vector<int32_t> output;    // those tokens, kept only for on_choice_finished
   double first_token_at = 0, last_token_at = 0;
   speculative::DecodeStats stats;
   std::vector<api::TokenLogprob> logprobs;  // all (non-streaming) or this update's (streaming)

@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,6 +56,11 @@ struct ServiceOptions {
   int64_t context_length = 4096;
   // max_tokens for requests that do not set it: up to the context, at most this (0: no cap).
   int64_t default_max_tokens = 0;
+  // Called on the engine thread with each choice that ended by itself (stop or
+  // length): its prompt and generated tokens. Benchmarks feed the replay
+  // drafter with it; empty by default.
+  std::function<void(const std::vector<int32_t>& prompt, const std::vector<int32_t>& output)>
+      on_choice_finished;
 };
 
 class Service {
