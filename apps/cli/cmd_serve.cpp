@@ -40,6 +40,7 @@ struct ServeArgs {
   double shutdown_timeout = 10;
   int64_t max_body_size = 8 << 20;
   int max_connections = 4096;
+  double http_timeout = 30;
   bool disable_log_requests = false;
   // Benchmarking: a random-weight model of a released shape (needs --tokenizer).
   std::string random_weights;
@@ -63,6 +64,8 @@ void check_args(const ServeArgs& a) {
     fail("--shutdown-timeout: {} is not a number of seconds >= 0", a.shutdown_timeout);
   if (a.max_body_size < 1024 || a.max_body_size > (int64_t{1} << 30))
     fail("--max-body-size: {} is out of range (1024 .. 1 GiB)", a.max_body_size);
+  if (!(a.http_timeout > 0) || a.http_timeout > 3600)
+    fail("--http-timeout: {} is out of range (0 < seconds <= 3600)", a.http_timeout);
   if (a.max_connections < 1 || a.max_connections > 1'000'000)
     fail("--max-connections: {} is out of range (1..1000000)", a.max_connections);
 }
@@ -149,6 +152,7 @@ void run_serve(ServeArgs& args) {
   ho.port = args.port;
   ho.max_body_bytes = static_cast<size_t>(args.max_body_size);
   ho.max_connections = args.max_connections;
+  ho.request_timeout_s = args.http_timeout;
   ho.error_response = &server::Service::error_response;
   http::Server http_server(ho,
                            [&service](const http::Request& r, std::shared_ptr<http::Exchange> e) {
@@ -235,6 +239,9 @@ void register_serve(CLI::App& app) {
                   "26b-a4b) or config.json; needs --tokenizer. --draft random / replay:A1,A2,... "
                   "(simulated acceptance) work here as in bench");
   cmd->add_option("--seed", args->seed, "Seed of --random-weights")->capture_default_str();
+  cmd->add_option("--http-timeout", args->http_timeout,
+                  "Seconds a request's headers and body may take to arrive (408 after)")
+      ->capture_default_str();
   cmd->add_flag("--disable-log-requests", args->disable_log_requests,
                 "No log line per request on stderr");
   cmd->callback([args] { run_serve(*args); });
