@@ -15,6 +15,8 @@
 // shut the write side, then discard input until the client closes or a short
 // linger ends, so that a client still sending does not get a reset that would
 // destroy the response in its receive buffer.
+#include <fmt/format.h>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -533,7 +535,7 @@ struct Server::Impl {
       if (Connection* c = find(id)) {
         send_error(
             *c, 408,
-            "request not received within " + std::to_string(options.request_timeout_s) + " s");
+            fmt::format("request not received within {:g} s", options.request_timeout_s));
       }
     }
     for (uint64_t id : to_close) {

@@ -319,6 +319,12 @@ void Service::finish_choice(Job& job, Choice& choice, const std::string& reason,
 
 void Service::finish_job(Job& job) {
   const double now = steady_seconds();
+  // The job's places in the queue are free before its client hears back, so a
+  // client that sends its next request at once finds them free.
+  {
+    std::lock_guard lock(mu_);
+    in_flight_choices_ -= job.request.n;
+  }
   const bool chat = job.request.endpoint == api::Endpoint::kChat;
   api::Usage usage;
   usage.prompt_tokens = static_cast<int64_t>(job.prompt.size());
@@ -392,10 +398,6 @@ void Service::finish_job(Job& job) {
                "s){}, {}\n",
                job.id, job.request.n, usage.prompt_tokens, usage.completion_tokens,
                now - job.arrived, ttft, spec, outcome);
-  }
-  {
-    std::lock_guard lock(mu_);
-    in_flight_choices_ -= job.request.n;
   }
   active_jobs_--;
   // The job leaves jobs_ (its choices' rows were already unmapped).
