@@ -95,7 +95,7 @@ test('completions: non-streaming and streaming give the same greedy text', async
   assert.ok(plain.chunks.every((c) => !c.usage), 'no usage without stream_options.include_usage');
 });
 
-test('stop strings: the output ends before the first occurrence, finish_reason stop', async () => {
+test('stop strings: the output ends before the first occurrence, finish_reason stop', async (t) => {
   for (const endpoint of ['completions', 'chat']) {
     const call = (extra) => endpoint === 'chat'
       ? chat({ messages: CHAT, max_tokens: 32, temperature: 0, ...extra })
@@ -106,6 +106,7 @@ test('stop strings: the output ends before the first occurrence, finish_reason s
     assert.ok(full.length >= 8, `${endpoint}: greedy output too short to pick a stop string: ${JSON.stringify(full)}`);
     const stop = full.slice(Math.floor(full.length / 2), Math.floor(full.length / 2) + 3);
     const expected = full.slice(0, full.indexOf(stop));
+    t.diagnostic(`${endpoint}: stop ${JSON.stringify(stop)} in ${JSON.stringify(full)}`);
     const r = await call({ stop: [stop] });
     assert.equal(textOf(r), expected, `${endpoint}: stop ${JSON.stringify(stop)} in ${JSON.stringify(full)}`);
     assert.equal(r.choices[0].finish_reason, 'stop');

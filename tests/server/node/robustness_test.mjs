@@ -149,7 +149,7 @@ describe('one server, bad requests', () => {
     }
   });
 
-  test('a client that disconnects mid-stream: its request is cancelled, the server goes on', async () => {
+  test('a client that disconnects mid-stream: its request is cancelled, the server goes on', async (t) => {
     const body = JSON.stringify({ prompt: 'def main():', max_tokens: 2000, temperature: 0, ignore_eos: true, stream: true });
     const id = await new Promise((resolve, reject) => {
       const req = http.request({
@@ -183,6 +183,7 @@ describe('one server, bad requests', () => {
     const esc = id.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
     const [line] = await srv.waitForLog(new RegExp(`request ${esc}:[^\\n]*`), 5000);
     assert.match(line, /client disconnected/, line);
+    t.diagnostic(line);
     // The row is freed: nothing left running within 2 s.
     const t0 = Date.now();
     let running;
@@ -213,7 +214,7 @@ describe('a small server: context and queue limits', () => {
     await assertHealthy(srv);
   });
 
-  test('a burst past the queue: some 429 with Retry-After, all others complete', async () => {
+  test('a burst past the queue: some 429 with Retry-After, all others complete', async (t) => {
     const prompts = ['def f(x):', 'class Node:', 'import sys\n'];
     const one = (i) => post(srv, '/v1/completions',
       { prompt: prompts[i % 3], max_tokens: 200, temperature: 0, stream: true });
@@ -236,6 +237,7 @@ describe('a small server: context and queue limits', () => {
         ok.push({ i, text, finish: finish[0] });
       }
     }
+    t.diagnostic(`${ok.length} served, ${refused} refused with 429`);
     assert.equal(ok.length + refused, 12);
     assert.ok(refused > 0, 'no 429 from 12 requests on 2 rows + 2 queued');
     assert.ok(ok.length >= 4, `only ${ok.length} of 12 served (2 rows + 2 queued should be)`);
