@@ -7,7 +7,6 @@ packages=(
   cmake ninja-build g++
   libgtest-dev libgmock-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
-  libcpp-httplib-dev
   clang libclang-rt-14-dev
 )
 

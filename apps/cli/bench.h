@@ -27,6 +27,7 @@ struct BenchArgs {
   bool json = false;
   // Device and random-weight models.
   std::string random_weights;  // preset name or config.json path
+  bool need_tokenizer = false;  // load one even without --prompt-file (serve)
   uint64_t seed = 1234;
   std::string draft_head = "auto";  // head of a --draft random drafter (auto: as released)
   // --micro: forward timings against the measured copy bandwidth and matrix peak.

@@ -117,7 +117,7 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
   const bool embedded = a.random_weights.empty() && a.model.model.empty();
   const bool random_draft =
       (a.model.draft == kRandomDraft || (replay && !embedded)) && !a.model.no_draft;
-  const bool need_tokenizer = !a.prompt_file.empty();
+  const bool need_tokenizer = a.need_tokenizer || !a.prompt_file.empty();
   const int64_t max_context = needed_context(a);
   LoadedModels m;
   const bool tty = isatty(STDERR_FILENO);
@@ -171,7 +171,8 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
                               : a.random_weights.empty() ? m.model_dir
                                                          : std::string();
       if (tok.empty())
-        fail("--prompt-file with --random-weights needs --tokenizer (a random model has none)");
+        fail("{} with --random-weights needs --tokenizer (a random model has none)",
+             a.prompt_file.empty() ? "serving" : "--prompt-file");
       m.tokenizer.emplace(Tokenizer::load(tok));
     }
   }

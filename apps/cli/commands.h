@@ -17,5 +17,7 @@ void register_score(CLI::App& app);
 void register_tokenize(CLI::App& app);
 void register_draft_trace(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_serve(CLI::App& app);
+void register_bench_serve(CLI::App& app);
 
 }  // namespace specula::cli

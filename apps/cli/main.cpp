@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
   specula::cli::register_score(app);
   specula::cli::register_draft_trace(app);
   specula::cli::register_bench(app);
+  specula::cli::register_serve(app);
+  specula::cli::register_bench_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

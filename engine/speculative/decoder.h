@@ -60,6 +60,9 @@ struct DecodeRequest {
   // it off, k in [1, the engine's maximum] drafts k tokens a round (adaptive
   // schedules start there).
   int draft_tokens = -1;
+  // Logprobs of the emitted tokens (the target's log-softmax before sampling):
+  // -1 none, 0 the chosen token's, n in [1, 20] also the top n alternatives.
+  int logprobs = -1;
 };
 
 // A/B switches of how rounds run; the tokens are the same either way.

@@ -87,6 +87,12 @@ struct RequestUpdate {
   bool finished = false;
   std::string finish_reason;           // "length", "stop", "cancelled" (finished only)
   const DecodeStats* stats = nullptr;  // finished only
+  // With DecodeRequest::logprobs >= 0: one logprob per entry of `tokens`, and
+  // top_logprobs alternatives per token (row-major, descending).
+  std::span<const float> token_logprobs;
+  int top_logprobs = 0;
+  std::span<const int32_t> top_ids;
+  std::span<const float> top_values;
 };
 
 // The KV pool: its size in bytes and rows, and what is in use.

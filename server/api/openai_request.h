@@ -45,10 +45,10 @@ std::string error_body(const ApiError& error);
 enum class Endpoint { kChat, kCompletions };
 
 struct RequestLimits {
-  int max_n = 8;              // largest n accepted
-  int max_logprobs = 20;      // largest top_logprobs
-  int64_t max_tokens = 0;     // > 0: largest max_tokens accepted (the context bounds it anyway)
-  int default_max_tokens = 0; // 0: up to the context (the server fills it in)
+  int max_n = 8;               // largest n accepted
+  int max_logprobs = 20;       // largest top_logprobs
+  int64_t max_tokens = 0;      // > 0: largest max_tokens accepted (the context bounds it anyway)
+  int default_max_tokens = 0;  // 0: up to the context (the server fills it in)
   int max_stop = 16;
 };
 
@@ -67,8 +67,10 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   // Sampling: temperature (default 1.0, as OpenAI), top_p, top_k, min_p,
-  // penalties, seed, stop strings and stop_token_ids. max_tokens is 0 when
-  // the request did not set it (the server fills in its default).
+  // penalties, seed, stop strings and stop_token_ids. When the request sets
+  // neither max_tokens nor max_completion_tokens, max_tokens is
+  // limits.default_max_tokens: 0 by default (the server fills in its default;
+  // everything else in params has passed SamplingParams::validate).
   SamplingParams params;
   bool has_seed = false;
   bool ignore_eos = false;
@@ -81,6 +83,9 @@ struct CompletionRequest {
   std::string user;
 };
 
+// Parses and validates one request body for `endpoint`. Never throws: every
+// rejection (including a body that is not JSON or holds invalid UTF-8) is an
+// ApiError, status 400 (413 if parsing ran out of memory).
 std::variant<CompletionRequest, ApiError> parse_request(std::string_view body, Endpoint endpoint,
                                                         const RequestLimits& limits);
 

@@ -72,8 +72,10 @@ class Exchange {
   virtual void end() = 0;
   // True once the client disconnected (or the server closed the connection).
   virtual bool closed() const = 0;
-  // Called once, on the I/O thread, if the client disconnects before the
-  // exchange ended; called at once (on the caller's thread) if already closed.
+  // Called once, on the I/O thread, if the client disconnects (or the server
+  // stops) before the exchange ended; called at once (on the caller's thread)
+  // if already closed and not ended. Once the exchange ended the callback is
+  // dropped, so it may capture the exchange itself.
   virtual void on_close(std::function<void()> callback) = 0;
 };
 
@@ -94,10 +96,15 @@ struct ServerOptions {
   std::function<Response(int status, std::string message)> error_response;
 };
 
+// Output is not flow-controlled: a stream writing faster than its client reads
+// grows that connection's buffer (fine for token streams, which are small).
+// While a request is being answered no timeout applies to it; a disconnect is
+// what ends it early (on_close).
 class Server {
  public:
   // Binds and listens now (throws specula::Error naming host:port on failure).
   Server(ServerOptions options, Handler handler);
+  // Closes every socket. run() must have returned (stop() it first).
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;

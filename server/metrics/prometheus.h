@@ -26,6 +26,8 @@ class Counter {
 class Gauge {
  public:
   void set(double value);
+  void inc(double by = 1);
+  void dec(double by = 1);
   double value() const;
 
  private:
@@ -62,6 +64,8 @@ class Registry {
  public:
   // `labels`: {"name", "value"} pairs of this series (empty for none).
   using Labels = std::vector<std::pair<std::string, std::string>>;
+  Registry();
+  ~Registry();  // defined where Family is complete
   Counter& counter(const std::string& name, const std::string& help, const Labels& labels = {});
   Gauge& gauge(const std::string& name, const std::string& help, const Labels& labels = {});
   Histogram& histogram(const std::string& name, const std::string& help,
