@@ -253,7 +253,8 @@ test('logprobs: one entry per token with 3 alternatives', async () => {
   }
   const content = r.choices[0].logprobs?.content;
   assert.ok(Array.isArray(content), `chat: no logprobs.content: ${JSON.stringify(r.choices[0])}`);
-  assert.equal(content.length, r.usage.completion_tokens);
+  assert.equal(content.length, r.usage.completion_tokens,
+    `chat: logprobs requested, ${content.length} entries for ${r.usage.completion_tokens} tokens: ${JSON.stringify(r.choices[0].logprobs)}`);
   for (const e of content) {
     assert.equal(typeof e.token, 'string');
     assert.ok(e.logprob <= 0, JSON.stringify(e));
@@ -271,7 +272,8 @@ test('logprobs: one entry per token with 3 alternatives', async () => {
   }
   const lp = rc.choices[0].logprobs;
   assert.ok(lp, `completions: no logprobs: ${JSON.stringify(rc.choices[0])}`);
-  assert.equal(lp.tokens.length, rc.usage.completion_tokens);
+  assert.equal(lp.tokens.length, rc.usage.completion_tokens,
+    `completions: logprobs 3 requested, ${lp.tokens.length} tokens listed for ${rc.usage.completion_tokens}: ${JSON.stringify(lp)}`);
   assert.equal(lp.token_logprobs.length, lp.tokens.length);
   assert.equal(lp.top_logprobs.length, lp.tokens.length);
   for (const top of lp.top_logprobs) {
@@ -282,6 +284,14 @@ test('logprobs: one entry per token with 3 alternatives', async () => {
   assert.ok(lp.top_logprobs.filter((t) => Object.keys(t).length === 3).length >= lp.tokens.length / 2,
     JSON.stringify(lp.top_logprobs));
   assert.equal(lp.tokens.join(''), rc.choices[0].text);
+
+  // Streaming: the chunks' entries together are the non-streaming ones.
+  const s = await collect(await chat({ messages: CHAT, max_tokens: 8, temperature: 0, logprobs: true,
+    top_logprobs: 3, ignore_eos: true, stream: true }));
+  const streamed = s.chunks.flatMap((c) => c.choices.flatMap((ch) => ch.logprobs?.content ?? []));
+  assert.deepEqual(streamed.map((e) => e.token), content.map((e) => e.token));
+  for (let i = 0; i < content.length; ++i)
+    assert.ok(Math.abs(streamed[i].logprob - content[i].logprob) < 1e-5, `entry ${i}`);
 });
 
 test('GET /v1/models, /health, /', async () => {
