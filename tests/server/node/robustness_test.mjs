@@ -267,3 +267,41 @@ describe('--api-key', () => {
     await assertHealthy(srv, { authorization: 'Bearer sekrit' });
   });
 });
+
+describe('SIGTERM with a stream in flight', () => {
+  test('the stream ends well-formed and the server exits 0', async (t) => {
+    const srv = await startServer(['--shutdown-timeout', '1']);
+    try {
+      const body = JSON.stringify({ prompt: 'def main():', max_tokens: 3000, temperature: 0, ignore_eos: true, stream: true });
+      let stopping;
+      const streamed = await new Promise((resolve, reject) => {
+        const req = http.request({
+          host: '127.0.0.1', port: srv.port, method: 'POST', path: '/v1/completions', agent: false,
+          headers: { 'content-type': 'application/json', 'content-length': Buffer.byteLength(body) },
+        }, (res) => {
+          let text = '';
+          res.setEncoding('utf8');
+          res.on('data', (d) => {
+            text += d;
+            // Two events in: ask the server to stop.
+            if (!stopping && text.split('\n\n').length > 2) stopping = srv.stop();
+          });
+          res.on('end', () => resolve({ status: res.statusCode, text }));
+          res.on('aborted', () => reject(new Error(`stream aborted, not ended: ${text.slice(-300)}`)));
+          res.on('error', reject);
+        });
+        req.on('error', reject);
+        req.end(body);
+      });
+      assert.equal(streamed.status, 200);
+      const { events, done } = parseSse(streamed.text);
+      assert.ok(done, `no [DONE] at the end: ${streamed.text.slice(-300)}`);
+      const last = events.at(-1);
+      t.diagnostic(`last event before [DONE]: ${JSON.stringify(last)}`);
+      assert.ok(last.error || last.choices?.[0]?.finish_reason, `neither an error nor a finish_reason last: ${JSON.stringify(last)}`);
+      await stopping;  // exit code 0
+    } finally {
+      if (srv.alive()) await srv.stop();
+    }
+  });
+});
