@@ -189,6 +189,28 @@ struct PenaltyRowsParams {
   Tensor extra_index;   // i32 [M, E]: indices into extra_source, -1 = none; empty: no extras
 };
 
+// Log-probabilities of raw logits, for the API's logprobs / top_logprobs
+// (log_softmax before any sampling step). Output row m reads x = logits[rows[m], :]
+// and, with mx = max(x) (in f32, NaNs skipped) and log_sum = log Σ exp(x - mx)
+// (each term in f32, the sum in double, rounded to f32), a token t's logprob
+// is (x[t] - mx) - log_sum (engine/sampling/logprobs.h):
+//   logprobs[m, c] = that of ids[m, c], for C candidate ids per row (C >= 0);
+//   top_ids[m, j] = the j-th of the row's n largest entries in torch.topk
+//   order (larger first, equal values lower id first, a NaN above any number),
+//   top_values[m, j] its logprob.
+// Rows must have a finite max (the model's soft-capped logits do). rows and
+// ids are data: the CPU throws on a value out of range; device backends skip a
+// row out of range and write NaN for an id out of range.
+inline constexpr int kMaxTopLogprobs = 20;
+struct LogprobRowsParams {
+  Tensor logits;      // f32 [R, V]
+  Tensor rows;        // i32 [M], values in [0, R)
+  Tensor ids;         // i32 [M, C], values in [0, V)
+  Tensor logprobs;    // f32 [M, C] out
+  Tensor top_ids;     // i32 [M, n] out, 0 <= n <= kMaxTopLogprobs (n = 0: may be empty)
+  Tensor top_values;  // f32 [M, n] out (empty when top_ids is)
+};
+
 // A recorded sequence of ops (Backend::begin_capture); owned by the caller, used
 // only with the backend that recorded it.
 class StepGraph {
@@ -360,6 +382,8 @@ class Backend : public MemoryResource {
   virtual void speculative_accept_rows(const SpeculativeAcceptParams& p) = 0;
   // See PenaltyRowsParams.
   virtual void apply_penalties_rows(const PenaltyRowsParams& p) = 0;
+  // See LogprobRowsParams. No output may alias an input.
+  virtual void logprob_rows(const LogprobRowsParams& p) = 0;
   virtual void moe_route(const MoeRouteParams& p) = 0;
   virtual void moe_experts(const MoeExpertsParams& p) = 0;
   // Sizes the backend's own scratch for a model once, so that steady-state steps

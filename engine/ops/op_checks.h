@@ -103,6 +103,17 @@ struct SpeculativeAcceptDims {
 };
 SpeculativeAcceptDims check_speculative_accept(const char* op, const SpeculativeAcceptParams& p);
 
+// Checks LogprobRowsParams' dtypes, shapes and aliasing (rows and ids are
+// data, checked where they are read).
+struct LogprobRowsDims {
+  int64_t rows = 0;        // M
+  int64_t logit_rows = 0;  // R
+  int64_t vocab = 0;       // V
+  int64_t ids = 0;         // C
+  int64_t top = 0;         // n
+};
+LogprobRowsDims check_logprob_rows(const char* op, const LogprobRowsParams& p);
+
 // Checks PenaltyRowsParams' dtypes and shapes (the lists and indices are
 // data, checked where they are read).
 struct PenaltyRowsDims {

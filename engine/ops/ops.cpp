@@ -217,6 +217,52 @@ SamplingRowsDims check_sample_rows(const char* op, const Tensor& probs, const Te
   return d;
 }
 
+LogprobRowsDims check_logprob_rows(const char* op, const LogprobRowsParams& p) {
+  check_dtype(op, "logits", p.logits, DType::kF32);
+  check_rank(op, "logits", p.logits, 2);
+  check_dtype(op, "rows", p.rows, DType::kI32);
+  check_rank(op, "rows", p.rows, 1);
+  LogprobRowsDims d{.rows = p.rows.dim(0), .logit_rows = p.logits.dim(0), .vocab = p.logits.dim(1)};
+  if (d.vocab == 0 || d.vocab > std::numeric_limits<int32_t>::max()) {
+    fail("{}: logits {} must have rows of 1 .. 2^31-1 tokens", op, p.logits.describe());
+  }
+  if (!p.ids.empty() || !p.logprobs.empty()) {
+    check_dtype(op, "ids", p.ids, DType::kI32);
+    check_rank(op, "ids", p.ids, 2);
+    check_dtype(op, "logprobs", p.logprobs, DType::kF32);
+    if (p.ids.dim(0) != d.rows || p.logprobs.shape() != p.ids.shape()) {
+      fail("{}: ids {} and logprobs {} must both be [{}, C] for rows {}", op, p.ids.describe(),
+           p.logprobs.describe(), d.rows, p.rows.describe());
+    }
+    d.ids = p.ids.dim(1);
+  }
+  if (!p.top_ids.empty() || !p.top_values.empty()) {
+    check_dtype(op, "top_ids", p.top_ids, DType::kI32);
+    check_rank(op, "top_ids", p.top_ids, 2);
+    check_dtype(op, "top_values", p.top_values, DType::kF32);
+    d.top = p.top_ids.dim(1);
+    if (p.top_ids.dim(0) != d.rows || p.top_values.shape() != p.top_ids.shape() ||
+        d.top > kMaxTopLogprobs || d.top > d.vocab) {
+      fail("{}: top_ids {} and top_values {} must both be [{}, n] with n <= {} and n <= V = {}", op,
+           p.top_ids.describe(), p.top_values.describe(), d.rows, kMaxTopLogprobs, d.vocab);
+    }
+  }
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"logprobs", &p.logprobs},
+                                {"top_ids", &p.top_ids},
+                                {"top_values", &p.top_values}}) {
+    if (t->empty()) continue;
+    check_no_alias(op, name, *t, "logits", p.logits);
+    check_no_alias(op, name, *t, "rows", p.rows);
+    if (!p.ids.empty()) check_no_alias(op, name, *t, "ids", p.ids);
+  }
+  if (!p.logprobs.empty() && !p.top_ids.empty()) {
+    check_no_alias(op, "top_ids", p.top_ids, "logprobs", p.logprobs);
+    check_no_alias(op, "top_values", p.top_values, "logprobs", p.logprobs);
+  }
+  if (!p.top_ids.empty()) check_no_alias(op, "top_values", p.top_values, "top_ids", p.top_ids);
+  return d;
+}
+
 SpeculativeAcceptDims check_speculative_accept(const char* op, const SpeculativeAcceptParams& p) {
   check_dtype(op, "p", p.p, DType::kF32);
   check_rank(op, "p", p.p, 2);

@@ -62,6 +62,11 @@ std::vector<DecodeResult> decode(Engine& engine, std::span<const DecodeRequest> 
       SPECULA_CHECK(i < ids.size() && ids[i] == u.id, "an update for unknown request id {}", u.id);
       DecodeResult& r = results[i];
       r.tokens.insert(r.tokens.end(), u.tokens.begin(), u.tokens.end());
+      r.token_logprobs.insert(r.token_logprobs.end(), u.token_logprobs.begin(),
+                              u.token_logprobs.end());
+      r.top_ids.insert(r.top_ids.end(), u.top_ids.begin(), u.top_ids.end());
+      r.top_values.insert(r.top_values.end(), u.top_values.begin(), u.top_values.end());
+      r.top_logprobs = requests[i].logprobs > 0 ? requests[i].logprobs : 0;
       if (u.finished) {
         r.finish_reason = u.finish_reason;
         r.stats = *u.stats;

@@ -60,8 +60,13 @@ struct DecodeRequest {
   // it off, k in [1, the engine's maximum] drafts k tokens a round (adaptive
   // schedules start there).
   int draft_tokens = -1;
-  // Logprobs of the emitted tokens (the target's log-softmax before sampling):
-  // -1 none, 0 the chosen token's, n in [1, 20] also the top n alternatives.
+  // Log-probabilities of the emitted tokens (the API's logprobs /
+  // top_logprobs): -1 none; 0 each token's logprob; n in [1, 20]
+  // (kMaxTopLogprobs) also the n most likely tokens at its position. Raw
+  // logprobs: log_softmax of the target's final (soft-capped) logits at the
+  // position that produced the token, before temperature, penalties and
+  // truncation, so the same with speculation on or off (a speculative
+  // round's tokens all come from its verify window's rows).
   int logprobs = -1;
 };
 
@@ -111,6 +116,13 @@ struct DecodeResult {
   std::vector<int32_t> tokens;  // generated tokens (a stop token is included)
   std::string finish_reason;    // "length", "stop", "context" or "cancelled"
   DecodeStats stats;
+  // DecodeRequest::logprobs >= 0 only (else empty): one logprob per token,
+  // and top_logprobs (n) ids and logprobs per token, row-major, each row
+  // descending by logprob (equal ones lower id first).
+  std::vector<float> token_logprobs;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_values;
+  int top_logprobs = 0;
 };
 
 // Called whenever a request's tokens are committed; return false to cancel it.

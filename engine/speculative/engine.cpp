@@ -2,10 +2,13 @@
 #include "engine/speculative/engine.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 
+#include "engine/sampling/logprobs.h"
 #include "engine/sampling/rng.h"
 #include "engine/sampling/sampler.h"
 #include "engine/sampling/speculative.h"
@@ -97,6 +100,10 @@ void Engine::State::configure() {
   prefill_rows.reserve(static_cast<size_t>(max_rows));
   prefill_take.reserve(static_cast<size_t>(max_rows));
   draft_at_ids.reserve(static_cast<size_t>(max_k));
+  lp_owner.reserve(static_cast<size_t>(lp_cap()));
+  lp_rows.reserve(static_cast<size_t>(lp_cap()));
+  lp_ids.reserve(static_cast<size_t>(lp_cap()));
+  lp_raw_at.reserve(static_cast<size_t>(max_rows));
   if (needs_hidden && device_drafter) {
     hidden_store = DeviceBuffer(be, static_cast<size_t>(3 * max_rows * H) * sizeof(float));
     hidden_idx = DeviceBuffer(be, static_cast<size_t>(3 * max_rows) * sizeof(int32_t));
@@ -122,6 +129,10 @@ std::string Engine::State::check_request(const DecodeRequest& r) const {
     return fmt::format(
         "prompt of {} tokens plus max_tokens {} exceeds the context size of {} tokens",
         r.prompt.size(), r.params.max_tokens, ctx);
+  }
+  const int max_top = static_cast<int>(std::min<int64_t>(kMaxTopLogprobs, V));
+  if (r.logprobs < -1 || r.logprobs > max_top) {
+    return fmt::format("logprobs {} is outside [-1, {}]", r.logprobs, max_top);
   }
   // Without a drafter there is nothing to draft with: any setting means none.
   if (drafter && (r.draft_tokens < -1 || r.draft_tokens > max_k)) {
@@ -162,6 +173,13 @@ Row& Engine::State::admit_one(int64_t id, DecodeRequest&& req) {
   r.result.stats.round_drafted.reserve(static_cast<size_t>(p.max_tokens));
   r.result.stats.round_accepted.reserve(static_cast<size_t>(p.max_tokens));
   r.result.tokens.reserve(static_cast<size_t>(p.max_tokens));
+  if (r.request.logprobs >= 0) {
+    const auto n = static_cast<size_t>(r.request.logprobs);
+    r.result.top_logprobs = r.request.logprobs;
+    r.result.token_logprobs.reserve(static_cast<size_t>(p.max_tokens));
+    r.result.top_ids.reserve(static_cast<size_t>(p.max_tokens) * n);
+    r.result.top_values.reserve(static_cast<size_t>(p.max_tokens) * n);
+  }
   r.t_admitted = Clock::now();
   slots[slot] = std::move(owned);
   running.push_back(&r);
@@ -193,12 +211,26 @@ void Engine::State::finish_step() {
   for (Row* r : running) {
     const size_t n = r->result.tokens.size();
     if (n > r->reported || r->done) {
-      updates.push_back({.id = r->id,
-                         .tokens = std::span<const int32_t>(r->result.tokens.data() + r->reported,
-                                                            n - r->reported),
-                         .finished = r->done,
-                         .finish_reason = r->done ? r->result.finish_reason : std::string(),
-                         .stats = r->done ? &r->result.stats : nullptr});
+      const DecodeResult& res = r->result;
+      RequestUpdate u{
+          .id = r->id,
+          .tokens = std::span<const int32_t>(res.tokens.data() + r->reported, n - r->reported),
+          .finished = r->done,
+          .finish_reason = r->done ? res.finish_reason : std::string(),
+          .stats = r->done ? &res.stats : nullptr};
+      if (r->request.logprobs >= 0) {
+        SPECULA_CHECK(res.token_logprobs.size() == n, "request {}: {} logprobs for {} tokens",
+                      r->id, res.token_logprobs.size(), n);
+        const auto top = static_cast<size_t>(res.top_logprobs);
+        u.token_logprobs =
+            std::span<const float>(res.token_logprobs.data() + r->reported, n - r->reported);
+        u.top_logprobs = res.top_logprobs;
+        u.top_ids = std::span<const int32_t>(res.top_ids.data() + r->reported * top,
+                                             (n - r->reported) * top);
+        u.top_values = std::span<const float>(res.top_values.data() + r->reported * top,
+                                              (n - r->reported) * top);
+      }
+      updates.push_back(u);
       r->reported = n;
     }
     if (r->done) {
@@ -316,6 +348,99 @@ void Engine::State::add_taps(gemma4::ForwardOptions& options, int64_t M) {
 
 void Engine::State::report_committed(const gemma4::ForwardOptions& options) {
   if (drafter && !committed.empty()) drafter->on_committed(committed, options.tap_out);
+}
+
+// ---------------------------------------------------------------------------
+// Logprobs
+
+bool Engine::State::any_logprobs(std::span<Row* const> rows) {
+  return std::any_of(rows.begin(), rows.end(),
+                     [](const Row* r) { return r->request.logprobs >= 0; });
+}
+
+Tensor Engine::State::keep_raw_rows(const Tensor& logits, std::span<const int32_t> src_rows) {
+  const auto n = static_cast<int64_t>(src_rows.size());
+  if (n > lp_raw_rows) {  // grows only (rounds with logprobs alone get here)
+    lp_raw_rows = std::max<int64_t>(n, 2 * lp_raw_rows);
+    lp_raw = DeviceBuffer(be, static_cast<size_t>(lp_raw_rows * V) * sizeof(float));
+    lp_raw_idx = DeviceBuffer(be, static_cast<size_t>(lp_raw_rows) * sizeof(int32_t));
+    lp_raw_idx_host.resize(static_cast<size_t>(lp_raw_rows));
+  }
+  std::copy(src_rows.begin(), src_rows.end(), lp_raw_idx_host.begin());
+  const Tensor idx = lp_raw_idx.view(DType::kI32, {n});
+  be.upload_async(lp_raw_idx_host.data(), idx);
+  const Tensor raw = lp_raw.view(DType::kF32, {n, V});
+  be.gather_rows(logits, idx, raw);
+  return raw;
+}
+
+void Engine::State::lp_add(Row& r, int64_t logits_row, int32_t token) {
+  lp_owner.push_back(&r);
+  lp_rows.push_back(static_cast<int32_t>(logits_row));
+  lp_ids.push_back(token);
+}
+
+void Engine::State::lp_finish(const Tensor& logits, const float* host) {
+  const auto M = static_cast<int64_t>(lp_owner.size());
+  if (M == 0) return;
+  if (host != nullptr) {
+    // The logits are on the host already (a host path): the host definition.
+    std::array<int32_t, kMaxTopLogprobs> top{};
+    for (int64_t e = 0; e < M; ++e) {
+      Row& r = *lp_owner[static_cast<size_t>(e)];
+      const std::span<const float> x(host + lp_rows[static_cast<size_t>(e)] * V,
+                                     static_cast<size_t>(V));
+      const RowLogSoftmax ls = row_log_softmax(x);
+      const int32_t token = lp_ids[static_cast<size_t>(e)];
+      r.result.token_logprobs.push_back(ls.at(x[static_cast<size_t>(token)]));
+      const std::span<int32_t> ids(top.data(), static_cast<size_t>(r.result.top_logprobs));
+      top_logit_ids(x, ids);
+      for (int32_t id : ids) {
+        r.result.top_ids.push_back(id);
+        r.result.top_values.push_back(ls.at(x[static_cast<size_t>(id)]));
+      }
+    }
+    return;
+  }
+  // On the device: rows and ids up, logprob_rows, and a readback of its own
+  // (a second one in the rounds where some row asked; rounds where none did
+  // never get here). TODO: fold it into the round's one readback.
+  SPECULA_CHECK(M <= lp_cap(), "{} logprob entries, at most {}", M, lp_cap());
+  int n = 0;
+  for (const Row* r : lp_owner) n = std::max(n, r->result.top_logprobs);
+  if (lp_in.size() == 0) {
+    const auto words = static_cast<size_t>(lp_cap() * (1 + 2 * kMaxTopLogprobs));
+    lp_in = DeviceBuffer(be, static_cast<size_t>(2 * lp_cap()) * sizeof(int32_t));
+    lp_out = DeviceBuffer(be, words * sizeof(uint32_t));
+    lp_in_host.resize(static_cast<size_t>(2 * lp_cap()));
+    lp_out_host.resize(words);
+  }
+  std::copy(lp_rows.begin(), lp_rows.end(), lp_in_host.begin());
+  std::copy(lp_ids.begin(), lp_ids.end(), lp_in_host.begin() + M);
+  const Tensor in = lp_in.view(DType::kI32, {2 * lp_cap()});
+  be.upload_async(lp_in_host.data(), in.slice_rows(0, 2 * M));
+  const int64_t words = M * (1 + 2 * n);
+  const Tensor out_i = lp_out.view(DType::kI32, {lp_cap() * (1 + 2 * kMaxTopLogprobs)});
+  const Tensor out_f = lp_out.view(DType::kF32, {lp_cap() * (1 + 2 * kMaxTopLogprobs)});
+  LogprobRowsParams p{.logits = logits,
+                      .rows = in.slice_rows(0, M),
+                      .ids = in.slice_rows(M, 2 * M).reshape(Shape{M, 1}),
+                      .logprobs = out_f.slice_rows(0, M).reshape(Shape{M, 1})};
+  if (n > 0) {
+    p.top_ids = out_i.slice_rows(M, M + M * n).reshape(Shape{M, n});
+    p.top_values = out_f.slice_rows(M + M * n, words).reshape(Shape{M, n});
+  }
+  be.logprob_rows(p);
+  be.download(out_i.slice_rows(0, words), lp_out_host.data());
+  const uint32_t* words_host = lp_out_host.data();
+  for (int64_t e = 0; e < M; ++e) {
+    Row& r = *lp_owner[static_cast<size_t>(e)];
+    r.result.token_logprobs.push_back(std::bit_cast<float>(words_host[e]));
+    for (int j = 0; j < r.result.top_logprobs; ++j) {
+      r.result.top_ids.push_back(std::bit_cast<int32_t>(words_host[M + e * n + j]));
+      r.result.top_values.push_back(std::bit_cast<float>(words_host[M + M * n + e * n + j]));
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -516,6 +641,20 @@ void Engine::State::first_tokens() {
   const Modes m = modes_for(rows);
   const int32_t* ids = nullptr;
   const int32_t* sampled = nullptr;
+  const bool logprobs = any_logprobs(rows);
+  // Device sampling processes the logits in place: the raw rows of the
+  // prompts that asked for logprobs are kept first (lp_raw_at: their rows).
+  Tensor lp_src = logits_all;
+  if (logprobs && m.device_sampling) {
+    lp_rows.clear();
+    lp_raw_at.assign(rows.size(), -1);
+    for (int64_t i = 0; i < n; ++i) {
+      if (rows[static_cast<size_t>(i)]->request.logprobs < 0) continue;
+      lp_raw_at[static_cast<size_t>(i)] = static_cast<int64_t>(lp_rows.size());
+      lp_rows.push_back(static_cast<int32_t>(i));
+    }
+    lp_src = keep_raw_rows(logits_all, lp_rows);
+  }
   if (m.device_greedy) {
     ids = device_argmax(logits_all);
   } else if (m.device_sampling) {
@@ -542,6 +681,11 @@ void Engine::State::first_tokens() {
   }
   const float* logits =
       m.device_greedy || m.device_sampling ? nullptr : on_host(logits_all, &logits_host);
+  if (logprobs) {
+    lp_owner.clear();
+    lp_rows.clear();
+    lp_ids.clear();
+  }
   const auto now = Clock::now();
   for (int64_t i = 0; i < n; ++i) {
     Row& r = *rows[static_cast<size_t>(i)];
@@ -558,7 +702,11 @@ void Engine::State::first_tokens() {
     r.t_first_token = now;
     r.result.stats.prefill_seconds = seconds_between(r.t_admitted, now);
     emit(r, r.pending);
+    if (r.request.logprobs >= 0) {
+      lp_add(r, m.device_sampling ? lp_raw_at[static_cast<size_t>(i)] : i, r.pending);
+    }
   }
+  if (logprobs) lp_finish(lp_src, logits);
 }
 
 // ---------------------------------------------------------------------------

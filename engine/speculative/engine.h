@@ -84,15 +84,17 @@ struct Submission {
 struct RequestUpdate {
   int64_t id = -1;
   std::span<const int32_t> tokens;
-  bool finished = false;
-  std::string finish_reason;           // "length", "stop", "cancelled" (finished only)
-  const DecodeStats* stats = nullptr;  // finished only
-  // With DecodeRequest::logprobs >= 0: one logprob per entry of `tokens`, and
-  // top_logprobs alternatives per token (row-major, descending).
+  // DecodeRequest::logprobs >= 0 only (else empty): one logprob per entry of
+  // `tokens`, and top_logprobs (n) ids and logprobs per token, row-major
+  // (tokens.size() · n each), each row descending by logprob (equal ones
+  // lower id first). See DecodeRequest::logprobs.
   std::span<const float> token_logprobs;
   int top_logprobs = 0;
   std::span<const int32_t> top_ids;
   std::span<const float> top_values;
+  bool finished = false;
+  std::string finish_reason;           // "length", "stop", "cancelled" (finished only)
+  const DecodeStats* stats = nullptr;  // finished only
 };
 
 // The KV pool: its size in bytes and rows, and what is in use.
@@ -118,8 +120,8 @@ class Engine {
 
   // Queues a request. Refused (never thrown) when its prompt is empty or out
   // of the vocabulary, its sampling params are invalid, prompt + max_tokens
-  // exceeds the context, its draft length exceeds the engine's maximum, or
-  // the queue is full.
+  // exceeds the context, its draft length exceeds the engine's maximum, its
+  // logprobs lies outside [-1, 20], or the queue is full.
   Submission submit(DecodeRequest request);
   // Ends a waiting or running request now and frees its cache; its last
   // update ("cancelled") comes with the next step. False for unknown ids.

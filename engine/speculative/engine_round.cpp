@@ -247,6 +247,20 @@ const gemma4::ForwardOutput& Engine::State::verify(const Modes& m) {
       SPECULA_CHECK(out.row_out_begin[a] == d.host_idx[static_cast<size_t>(d.row_begin_at()) + a],
                     "verify rows of row {} are not where the round planned them", a);
     }
+    if (any_logprobs(active)) {
+      // device_accept processes the logits in place: keep the window rows of
+      // the rows that asked for logprobs (lp_raw_at: where each row's begin).
+      lp_rows.clear();
+      lp_raw_at.assign(active.size(), -1);
+      for (size_t a = 0; a < active.size(); ++a) {
+        if (active[a]->request.logprobs < 0) continue;
+        lp_raw_at[a] = static_cast<int64_t>(lp_rows.size());
+        for (int64_t w = out.row_out_begin[a]; w < out.row_out_begin[a + 1]; ++w) {
+          lp_rows.push_back(static_cast<int32_t>(w));
+        }
+      }
+      lp_raw_src = keep_raw_rows(out.logits, lp_rows);
+    }
     device_accept(out.logits, verify_options.token_ids, n_rows);
     // The round's one readback: every draft and each row's accepted count and
     // next token.
@@ -285,6 +299,15 @@ void Engine::State::accept(const gemma4::ForwardOutput& out, const Modes& m) {
   const float* verify_logits = host_logits ? on_host(out.logits, &logits_host) : nullptr;
   const float* verify_hidden =
       needs_hidden && !m.use_dev ? on_host(out.hidden, &hidden_host) : nullptr;
+  // Logprobs: from the raw rows verify() kept when device sampling processed
+  // the logits in place, else from the logits themselves.
+  const bool logprobs = any_logprobs(active);
+  const bool lp_raw_rows_used = logprobs && m.use_dev && dev->sampling;
+  if (logprobs) {
+    lp_owner.clear();
+    lp_rows.clear();
+    lp_ids.clear();
+  }
 
   committed.clear();
   int64_t window_at = 0;  // the row's first token in the forward
@@ -295,6 +318,7 @@ void Engine::State::accept(const gemma4::ForwardOutput& out, const Modes& m) {
     ++st.rounds;
     const int k = r.k_round;
     const int64_t out0 = out.row_out_begin[a];
+    const size_t emitted_before = r.result.tokens.size();
     auto target_logits = [&](int j) {
       return std::span<const float>(verify_logits + (out0 + j) * V, static_cast<size_t>(V));
     };
@@ -380,10 +404,18 @@ void Engine::State::accept(const gemma4::ForwardOutput& out, const Modes& m) {
         r.hidden_at = HiddenAt::kHost;
       }
     }
+    if (r.request.logprobs >= 0) {
+      // The round's j-th token came from window row j.
+      const int64_t row0 = lp_raw_rows_used ? lp_raw_at[a] : out0;
+      for (size_t t = emitted_before; t < r.result.tokens.size(); ++t) {
+        lp_add(r, row0 + static_cast<int64_t>(t - emitted_before), r.result.tokens[t]);
+      }
+    }
     if (options.schedule.adaptive && k > 0) {
       r.k = n == k ? std::min(r.k + 2, options.schedule.max_draft_tokens) : std::max(1, r.k - 1);
     }
   }
+  if (logprobs) lp_finish(lp_raw_rows_used ? lp_raw_src : out.logits, verify_logits);
   last_hidden_valid = m.use_dev && needs_hidden;
   if (drafter) drafter->on_committed(committed, verify_taps);
 }

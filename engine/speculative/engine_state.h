@@ -8,6 +8,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "engine/sampling/penalty_list.h"
@@ -149,6 +150,25 @@ struct Engine::State {
   std::vector<Row*> spill_rows, final_rows;
   std::vector<int64_t> spill_src;
 
+  // Logprobs (DecodeRequest::logprobs), touched only when a row of the
+  // forward asked. One entry per emitted token of such a row, in emission
+  // order: the row of the logits that produced it and the token. lp_finish
+  // computes them on the host when the logits are there already (host
+  // paths), else with Backend::logprob_rows and one readback of its own.
+  std::vector<Row*> lp_owner;
+  std::vector<int32_t> lp_rows, lp_ids;
+  DeviceBuffer lp_in;                 // i32 [2 · lp_cap]: rows | ids
+  DeviceBuffer lp_out;                // 4-byte words [lp_cap · (1 + 2 · kMaxTopLogprobs)]
+  std::vector<int32_t> lp_in_host;    // staging of lp_in
+  std::vector<uint32_t> lp_out_host;  // the readback of lp_out
+  // Raw logits of the rows that asked, kept before device sampling
+  // processes a forward's logits in place: f32 [lp_raw_rows, V].
+  DeviceBuffer lp_raw, lp_raw_idx;
+  int64_t lp_raw_rows = 0;
+  std::vector<int32_t> lp_raw_idx_host;
+  std::vector<int64_t> lp_raw_at;  // per row of the forward: its first row in lp_raw (-1: none)
+  Tensor lp_raw_src;               // the round's kept rows (verify -> accept)
+
   // ---- setup and bookkeeping ----
   void configure();
   std::string check_request(const DecodeRequest& r) const;
@@ -162,6 +182,16 @@ struct Engine::State {
   const float* on_host(const Tensor& t, std::vector<float>* staging);
   const int32_t* device_argmax(const Tensor& logits);
   void device_accept(const Tensor& logits, const Tensor& tokens, int64_t n_rows);
+
+  // ---- logprobs ----
+  static bool any_logprobs(std::span<Row* const> rows);
+  int64_t lp_cap() const { return static_cast<int64_t>(max_rows) * (max_k + 1); }
+  // Copies rows `src_rows` of `logits` into lp_raw (in order); returns them, f32 [n, V].
+  Tensor keep_raw_rows(const Tensor& logits, std::span<const int32_t> src_rows);
+  void lp_add(Row& r, int64_t logits_row, int32_t token);
+  // The entries' logprobs from `logits` (on the device) or `host` (the same
+  // logits on the host, or null), appended to their rows' results.
+  void lp_finish(const Tensor& logits, const float* host);
 
   // ---- drafter inputs ----
   void spill_last_output();

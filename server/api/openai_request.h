@@ -8,8 +8,9 @@
 // message naming the field and the value), as OpenAI answers. Unknown fields
 // are ignored, as OpenAI and vLLM do. Fuzzed by tests/fuzz/openai_request_fuzz.cpp.
 //
-// Standard fields: model, messages (chat) / prompt (completions: a string, or
-// an array of token ids; an array of several prompts is refused), n, stream,
+// Standard fields: model, messages (chat) / prompt (completions: a string, an
+// array of token ids, or a batch of one of those; a batch of several prompts
+// is refused), n, stream,
 // stream_options.include_usage, stop (a string or up to 16 strings),
 // max_tokens / max_completion_tokens, temperature, top_p, seed,
 // presence_penalty, frequency_penalty, logprobs / top_logprobs (chat: bool +

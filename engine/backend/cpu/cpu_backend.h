@@ -72,6 +72,8 @@ class CpuBackend final : public Backend {
   void sample_rows(const Tensor& probs, const Tensor& uniforms, const Tensor& out) override;
   void speculative_accept_rows(const SpeculativeAcceptParams& p) override;
   void apply_penalties_rows(const PenaltyRowsParams& p) override;
+  // Row by row through engine/sampling/logprobs.h; a row or id out of range throws.
+  void logprob_rows(const LogprobRowsParams& p) override;
   void moe_route(const MoeRouteParams& p) override;
   void moe_experts(const MoeExpertsParams& p) override;
   void copy(const Tensor& src, const Tensor& dst) override;

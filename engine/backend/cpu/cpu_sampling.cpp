@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/backend/cpu/cpu_backend.h"
+#include "engine/sampling/logprobs.h"
 #include "engine/sampling/sampler.h"
 #include "engine/sampling/speculative.h"
 
@@ -235,6 +236,34 @@ void CpuBackend::apply_penalties_rows(const PenaltyRowsParams& p) {
     }
     // Tokens of the list that no extra named are still marked -1.
     for (int32_t e = begin[l]; e < begin[l + 1]; ++e) extra[static_cast<size_t>(tokens[e])] = 0;
+  }
+}
+
+void CpuBackend::logprob_rows(const LogprobRowsParams& p) {
+  constexpr const char* kOp = "logprob_rows";
+  cpu::check_host(kOp, "logits", p.logits);
+  cpu::check_host(kOp, "rows", p.rows);
+  if (!p.ids.empty()) cpu::check_host(kOp, "ids", p.ids);
+  if (!p.logprobs.empty()) cpu::check_host(kOp, "logprobs", p.logprobs);
+  if (!p.top_ids.empty()) cpu::check_host(kOp, "top_ids", p.top_ids);
+  if (!p.top_values.empty()) cpu::check_host(kOp, "top_values", p.top_values);
+  const ops::LogprobRowsDims d = ops::check_logprob_rows(kOp, p);
+  cpu::check_ids_below(kOp, "rows", p.rows, d.logit_rows);
+  if (d.ids > 0) cpu::check_ids_below(kOp, "ids", p.ids, d.vocab);
+  const size_t v = static_cast<size_t>(d.vocab);
+  for (int64_t m = 0; m < d.rows; ++m) {
+    const int32_t r = p.rows.data_as<const int32_t>()[m];
+    std::span<const float> x(p.logits.data_as<const float>() + r * d.vocab, v);
+    const RowLogSoftmax ls = row_log_softmax(x);
+    for (int64_t c = 0; c < d.ids; ++c) {
+      const int32_t id = p.ids.data_as<const int32_t>()[m * d.ids + c];
+      p.logprobs.data_as<float>()[m * d.ids + c] = ls.at(x[static_cast<size_t>(id)]);
+    }
+    if (d.top == 0) continue;
+    int32_t* top = p.top_ids.data_as<int32_t>() + m * d.top;
+    top_logit_ids(x, std::span<int32_t>(top, static_cast<size_t>(d.top)));
+    float* values = p.top_values.data_as<float>() + m * d.top;
+    for (int64_t j = 0; j < d.top; ++j) values[j] = ls.at(x[static_cast<size_t>(top[j])]);
   }
 }
 

@@ -105,6 +105,8 @@ class CudaBackend final : public Backend {
   void softmax_rows(const Tensor& x, const Tensor& out) override;
   void top_k_rows(const Tensor& x, const Tensor& out) override;
   void fill_scatter_rows(const Tensor& values, const Tensor& ids, const Tensor& out) override;
+  // One block per output row (cuda_elementwise.cu); see Backend::logprob_rows.
+  void logprob_rows(const LogprobRowsParams& p) override;
   void transpose01(const Tensor& x, const Tensor& out) override;
   void fill_uniform(const Tensor& t, uint64_t seed, float lo, float hi) override;
 

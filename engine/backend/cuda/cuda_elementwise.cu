@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Row-wise and element-wise ops on the GPU: rms_norm, rope, activations,
 // arithmetic, soft-capping, argmax, top-k, softmax, transpose01, gather_rows,
-// fill_scatter_rows and fill_uniform.
+// fill_scatter_rows, logprob_rows and fill_uniform.
 //
 // Numerics follow the CPU reference (engine/backend/cpu/cpu_elementwise.cpp)
 // operation for operation. Products and sums that the CPU writes as separate
@@ -485,6 +485,59 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// ---- logprob_rows ----
+
+// One block per output row m of logprob_rows: the row's max and Σ exp(x - max)
+// (in double, as the CPU), the candidates' logprobs, then the top n by n passes
+// of top_k_rows' keys, each the largest key below the last.
+__global__ void __launch_bounds__(kThreads)
+    logprob_rows_kernel(const float* __restrict__ logits, const int32_t* __restrict__ rows,
+                        const int32_t* __restrict__ ids, float* __restrict__ logprobs,
+                        int32_t* __restrict__ top_ids, float* __restrict__ top_values, int64_t R,
+                        int64_t V, int64_t C, int64_t n) {
+  __shared__ float max_partials[kThreads / 32];
+  __shared__ double sum_partials[kThreads / 32];
+  __shared__ unsigned long long warp_best[kThreads / 32];
+  const int64_t m = blockIdx.x;
+  const int32_t r = rows[m];
+  if (r < 0 || r >= R) return;  // uniform across the block
+  const float* x = logits + static_cast<int64_t>(r) * V;
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t j = threadIdx.x; j < V; j += kThreads) mx = max_keep(mx, x[j]);
+  mx = block_max(mx, max_partials);
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < V; j += kThreads) sum += exp_f32(__fsub_rn(x[j], mx));
+  const auto log_sum = static_cast<float>(log(block_sum(sum, sum_partials)));
+  for (int64_t c = threadIdx.x; c < C; c += kThreads) {
+    const int32_t id = ids[m * C + c];
+    logprobs[m * C + c] = id >= 0 && id < V ? __fsub_rn(__fsub_rn(x[id], mx), log_sum)
+                                            : std::numeric_limits<float>::quiet_NaN();
+  }
+  unsigned long long last = ~0ull;  // above every key
+  for (int64_t i = 0; i < n; ++i) {
+    unsigned long long best = 0;
+    for (int64_t j = threadIdx.x; j < V; j += kThreads) {
+      const unsigned long long key = top_k_key(x[j], j);
+      if (key < last && key > best) best = key;
+    }
+    for (int s = 16; s > 0; s >>= 1) {
+      const unsigned long long other = __shfl_xor_sync(0xffffffffu, best, s);
+      if (other > best) best = other;
+    }
+    if (threadIdx.x % 32 == 0) warp_best[threadIdx.x / 32] = best;
+    __syncthreads();
+    best = warp_best[0];
+    for (int w = 1; w < kThreads / 32; ++w) best = warp_best[w] > best ? warp_best[w] : best;
+    __syncthreads();  // every thread has read warp_best before the next pass writes it
+    if (threadIdx.x == 0) {
+      const auto id = static_cast<int32_t>(0xfffffffeu - static_cast<uint32_t>(best));
+      top_ids[m * n + i] = id;
+      top_values[m * n + i] = __fsub_rn(__fsub_rn(x[id], mx), log_sum);
+    }
+    last = best;
+  }
+}
+
 // ---- fill_scatter_rows ----
 
 // The smallest non-NaN value of a row of n (+inf when there is none), the same
@@ -784,6 +837,30 @@ void CudaBackend::top_k_rows(const Tensor& x, const Tensor& out) {
   top_k_rows_kernel<<<static_cast<unsigned>(d.rows), kThreads, 0, stream()>>>(
       x.data_as<const float>(), out.data_as<int32_t>(), d.n, d.k);
   check_cuda(cudaGetLastError(), "top_k_rows_kernel");
+}
+
+// Log-probabilities of raw logits; see Backend::logprob_rows (a row out of
+// range is skipped, an id out of range gives NaN).
+void CudaBackend::logprob_rows(const LogprobRowsParams& p) {
+  OpTimer timer(*this, "logprob_rows");
+  constexpr const char* kOp = "logprob_rows";
+  check_on(*this, kOp, "logits", p.logits);
+  check_on(*this, kOp, "rows", p.rows);
+  if (!p.ids.empty()) check_on(*this, kOp, "ids", p.ids);
+  if (!p.logprobs.empty()) check_on(*this, kOp, "logprobs", p.logprobs);
+  if (!p.top_ids.empty()) check_on(*this, kOp, "top_ids", p.top_ids);
+  if (!p.top_values.empty()) check_on(*this, kOp, "top_values", p.top_values);
+  const ops::LogprobRowsDims d = ops::check_logprob_rows(kOp, p);
+  if (d.rows == 0 || (d.ids == 0 && d.top == 0)) return;
+  if (d.rows > std::numeric_limits<int32_t>::max())
+    fail("{}: too many rows in {}", kOp, p.rows.describe());
+  logprob_rows_kernel<<<static_cast<unsigned>(d.rows), kThreads, 0, stream()>>>(
+      p.logits.data_as<const float>(), p.rows.data_as<const int32_t>(),
+      d.ids > 0 ? p.ids.data_as<const int32_t>() : nullptr,
+      d.ids > 0 ? p.logprobs.data_as<float>() : nullptr,
+      d.top > 0 ? p.top_ids.data_as<int32_t>() : nullptr,
+      d.top > 0 ? p.top_values.data_as<float>() : nullptr, d.logit_rows, d.vocab, d.ids, d.top);
+  check_cuda(cudaGetLastError(), "logprob_rows_kernel");
 }
 
 // Candidate scores spread over rows filled with their minimum - 1; see
