@@ -132,10 +132,12 @@ describe('one server, bad requests', () => {
   test('a client that stops mid-request gets 408 or is closed', async (t) => {
     // Only with a flag for the HTTP layer's request timeout (--request-timeout
     // bounds generation, not reading the request).
-    const flag = ['--http-request-timeout', '--read-timeout', '--header-timeout', '--client-timeout']
-      .find((f) => helpText.includes(f));
+    // Any other *timeout* flag of `specula serve --help` is taken for it.
+    const flag = [...helpText.matchAll(/(--[\w-]*timeout[\w-]*)/g)].map((m) => m[1])
+      .find((f) => f !== '--request-timeout' && f !== '--shutdown-timeout');
     if (!flag) {
-      t.skip('specula serve has no flag for the time a request may take to arrive');
+      // The HTTP layer answers 408 after its built-in 30 s; too long for this suite.
+      t.skip('specula serve has no flag for the time a request may take to arrive (the HTTP layer\'s is 30 s)');
       return;
     }
     const s2 = await startServer([flag, '1']);
