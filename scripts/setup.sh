@@ -25,3 +25,16 @@ if ((${#missing[@]} > 0)); then
   "${sudo_cmd[@]}" apt-get update -qq
   "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# Optional: Debian's Chromium for the chat page's browser test
+# (tests/server/node). Without it that test is skipped and says so.
+if ! dpkg-query -W -f='${Status}' chromium 2>/dev/null | grep -q "install ok installed"; then
+  echo "setup: installing chromium (for the chat page's browser test)"
+  sudo_cmd=()
+  if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+  export DEBIAN_FRONTEND=noninteractive
+  if ! { "${sudo_cmd[@]}" apt-get update -qq &&
+    "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends chromium >/dev/null; }; then
+    echo "setup: chromium could not be installed; the chat page test will be skipped"
+  fi
+fi

@@ -130,7 +130,8 @@ class ServiceTest : public ::testing::Test {
   }
   void TearDown() override { stop(); }
 
-  void start(int max_rows = 4, int max_queue = 16, bool with_drafter = true) {
+  void start(int max_rows = 4, int max_queue = 16, bool with_drafter = true,
+             double request_timeout_s = 600) {
     speculative::EngineOptions eo;
     eo.max_rows = max_rows;
     eo.schedule.draft_tokens = 3;
@@ -141,6 +142,7 @@ class ServiceTest : public ::testing::Test {
     so.max_num_seqs = max_rows;
     so.max_queue = max_queue;
     so.log_requests = false;
+    so.request_timeout_s = request_timeout_s;
     so.eos_ids = tokenizer_->eos_ids();
     so.has_drafter = with_drafter;
     so.context_length = target_->max_context();
@@ -357,6 +359,50 @@ TEST_F(ServiceTest, BadRequestsGetOpenAiErrors) {
   ASSERT_TRUE(ex->wait_done(5));
   EXPECT_EQ(ex->status(), 400);
   EXPECT_EQ(completion({{"prompt", "still here"}, {"max_tokens", 2}})["choices"].size(), 1u);
+}
+
+TEST_F(ServiceTest, RequestPastItsTimeoutIsCancelledWith504) {
+  start(4, 16, true, /*request_timeout_s=*/0.2);
+  auto ex = post("/v1/completions", {{"prompt", "a"}, {"max_tokens", 3000}, {"ignore_eos", true}});
+  ASSERT_TRUE(ex->wait_done(30));
+  EXPECT_EQ(ex->status(), 504);
+  EXPECT_EQ(json::parse(ex->body())["error"]["type"], "timeout_error");
+  EXPECT_EQ(engine_->kv_pool().rows_in_use, 0);
+}
+
+TEST_F(ServiceTest, ShutdownEndsRunningStreamsWellFormed) {
+  start();
+  auto ex = post("/v1/completions",
+                 {{"prompt", "a"}, {"max_tokens", 3000}, {"ignore_eos", true}, {"stream", true}});
+  ASSERT_TRUE(ex->wait_events(2));
+  service_->shutdown(0.1);
+  ASSERT_TRUE(ex->wait_done(30));
+  const auto events = ex->events();
+  EXPECT_EQ(events.back(), "data: [DONE]\n\n");
+  EXPECT_NE(events[events.size() - 2].find("\"error\""), std::string::npos);
+  // New requests are refused while shutting down.
+  auto late = post("/v1/completions", {{"prompt", "b"}, {"max_tokens", 2}});
+  ASSERT_TRUE(late->wait_done(5));
+  EXPECT_EQ(late->status(), 503);
+}
+
+TEST_F(ServiceTest, LogprobsComeWithEveryTokenWithAndWithoutSpeculation) {
+  start();
+  json body = {{"prompt", "def f(x):"}, {"max_tokens", 12}, {"temperature", 0}, {"logprobs", 3}};
+  json on = completion(body);
+  body["speculative"] = {{"enabled", false}};
+  json off = completion(body);
+  const json& a = on["choices"][0]["logprobs"];
+  const json& b = off["choices"][0]["logprobs"];
+  ASSERT_EQ(a["tokens"].size(), on["usage"]["completion_tokens"].get<size_t>());
+  ASSERT_EQ(a["tokens"], b["tokens"]);
+  for (size_t i = 0; i < a["token_logprobs"].size(); ++i) {
+    EXPECT_NEAR(a["token_logprobs"][i].get<double>(), b["token_logprobs"][i].get<double>(), 1e-4);
+    EXPECT_LE(a["token_logprobs"][i].get<double>(), 0.0);
+    // A dict by token text: two ids with one text share an entry.
+    EXPECT_GE(a["top_logprobs"][i].size(), 1u);
+    EXPECT_LE(a["top_logprobs"][i].size(), 3u);
+  }
 }
 
 }  // namespace

@@ -71,6 +71,16 @@ try {
     if ((await page.locator(id).count()) !== 1) fail(`no element ${id}`);
   }
 
+  // Short replies keep the test quick on a CPU server (the setting may sit in
+  // a collapsed panel, so set it the way an input event would).
+  await page.evaluate(() => {
+    const el = document.getElementById("max-tokens");
+    if (!el) return;
+    el.value = "48";
+    el.dispatchEvent(new Event("input", { bubbles: true }));
+    el.dispatchEvent(new Event("change", { bubbles: true }));
+  });
+
   // One turn: type, send, watch the last reply stream in, wait for its stats.
   async function turn(text, useEnter) {
     const before = await page.locator(".msg.assistant").count();
