@@ -533,9 +533,8 @@ struct Server::Impl {
     }
     for (uint64_t id : expired_requests) {
       if (Connection* c = find(id)) {
-        send_error(
-            *c, 408,
-            fmt::format("request not received within {:g} s", options.request_timeout_s));
+        send_error(*c, 408,
+                   fmt::format("request not received within {:g} s", options.request_timeout_s));
       }
     }
     for (uint64_t id : to_close) {
