@@ -125,5 +125,22 @@ yes 'hello world' | head -c 3000000 >"$tmp/long.txt"  # 3 MB: 1,500,000 tokens
 expect_output text-stdin-long "1500000" \
   bash -c '"$1" tokenize --no-special --text-file - <"$2" | tr , "\n" | wc -l' _ "$specula" "$tmp/long.txt"
 
+# serve: absurd flags are refused before anything loads; a busy port names itself.
+expect_error serve-bad-port "--port: 99999" "$specula" serve --port 99999
+expect_error serve-bad-max-num-seqs "--max-num-seqs: 0" "$specula" serve --max-num-seqs 0
+expect_error serve-bad-timeout "--request-timeout: -1" "$specula" serve --request-timeout -1
+expect_error serve-bad-body-size "--max-body-size: 10" "$specula" serve --max-body-size 10
+OMP_NUM_THREADS=1 "$specula" serve --port 0 --disable-log-requests 2>"$tmp/serve.log" &
+holder=$!
+port=""
+for _ in $(seq 1 100); do
+  port=$(grep -oE 'on http://127\.0\.0\.1:[0-9]+' "$tmp/serve.log" | grep -oE '[0-9]+$' | head -1)
+  [[ -n $port ]] && break
+  sleep 0.1
+done
+expect_error serve-port-in-use "127.0.0.1:${port:-unknown}" "$specula" serve --port "${port:-1}"
+kill $holder 2>/dev/null
+wait $holder 2>/dev/null
+
 echo "cli errors: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]
