@@ -13,6 +13,7 @@
 #include "engine/draft/assistant/assistant_drafter.h"
 #include "engine/draft/ngram/ngram_drafter.h"
 #include "engine/draft/replay/replay_drafter.h"
+#include "engine/io/id_list.h"
 #include "engine/model/gemma4/gemma4.h"
 #include "engine/sampling/sampling_params.h"
 #include "engine/speculative/decoder.h"
@@ -66,7 +67,7 @@ SamplingParams sampling_params(const SamplingArgs& args, const LoadedModels& mod
 void add_draft_options(CLI::App* cmd, speculative::DraftSchedule& schedule);
 
 // Parses "1,2,3" (spaces allowed) into token ids; an Error names the bad item.
-std::vector<int32_t> parse_id_list(const std::string& text, const char* flag);
+using io::parse_id_list;
 // 0: all cores; an Error names --threads outside [0, 4 x the cores].
 void set_threads(int threads);
 

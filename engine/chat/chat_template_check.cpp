@@ -115,11 +115,16 @@ std::optional<std::string> read_checkpoint_chat_template(const std::string& chec
   if (std::filesystem::exists(jinja)) return read_file(jinja);
   const auto config_path = dir / "tokenizer_config.json";
   if (!std::filesystem::exists(config_path)) return std::nullopt;
+  return chat_template_from_tokenizer_config(read_file(config_path), config_path.string());
+}
+
+std::optional<std::string> chat_template_from_tokenizer_config(const std::string& text,
+                                                               const std::string& origin) {
   nlohmann::json config;
   try {
-    config = nlohmann::json::parse(read_file(config_path));
+    config = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    fail("{} is not valid JSON: {}", config_path.string(), e.what());
+    fail("{} is not valid JSON: {}", origin, e.what());
   }
   if (!config.is_object()) return std::nullopt;
   auto it = config.find("chat_template");
@@ -127,15 +132,18 @@ std::optional<std::string> read_checkpoint_chat_template(const std::string& chec
   if (it->is_string()) return it->get<std::string>();
   if (it->is_array()) {
     for (const auto& entry : *it) {
-      if (entry.is_object() && entry.value("name", "") == "default" && entry.contains("template") &&
-          entry["template"].is_string()) {
-        return entry["template"].get<std::string>();
+      if (!entry.is_object()) continue;
+      const auto name = entry.find("name");
+      const auto tmpl = entry.find("template");
+      if (name != entry.end() && name->is_string() && *name == "default" && tmpl != entry.end() &&
+          tmpl->is_string()) {
+        return tmpl->get<std::string>();
       }
     }
-    fail("{}: \"chat_template\" is a list without a \"default\" entry", config_path.string());
+    fail("{}: \"chat_template\" is a list without a \"default\" entry", origin);
   }
-  fail("{}: \"chat_template\" must be a string or a list of named templates, got {}",
-       config_path.string(), it->type_name());
+  fail("{}: \"chat_template\" must be a string or a list of named templates, got {}", origin,
+       it->type_name());
 }
 
 ChatTemplateCheck check_checkpoint_chat_template(const std::string& checkpoint_dir) {

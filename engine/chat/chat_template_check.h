@@ -57,6 +57,11 @@ ChatTemplateCheck check_chat_template(std::string_view template_text);
 // checkpoint has neither. Throws Error naming the file when it exists but
 // cannot be read or parsed.
 std::optional<std::string> read_checkpoint_chat_template(const std::string& checkpoint_dir);
+// The "chat_template" of tokenizer_config.json `text`, as above (nullopt when
+// absent or null, or when the text is not a JSON object); `origin` names the
+// file in errors.
+std::optional<std::string> chat_template_from_tokenizer_config(const std::string& text,
+                                                               const std::string& origin);
 
 // read_checkpoint_chat_template + check_chat_template (kMissing when absent).
 ChatTemplateCheck check_checkpoint_chat_template(const std::string& checkpoint_dir);

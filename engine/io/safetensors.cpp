@@ -286,6 +286,48 @@ Tensor SafetensorsFile::get(const std::string& name) const {
   return Tensor(data, t.dtype, t.shape);
 }
 
+ShardIndex parse_safetensors_index(const nlohmann::json& index, const std::string& index_path) {
+  if (!index.is_object())
+    fail("{}: must be a JSON object, got {}", index_path, json_type_name(index));
+  const auto wm = index.find("weight_map");
+  if (wm == index.end() || !wm->is_object()) {
+    fail("{}: has no \"weight_map\" object mapping tensor names to shard files", index_path);
+  }
+  if (wm->empty()) fail("{}: weight_map is empty", index_path);
+
+  ShardIndex out;
+  std::set<std::string> seen;
+  for (const auto& [tensor, shard] : wm->items()) {
+    if (!shard.is_string() || shard.get<std::string>().empty()) {
+      fail("{}: weight_map[\"{}\"] must be a shard file name, got {}", index_path, tensor,
+           json_excerpt(shard));
+    }
+    const std::string& file = shard.get_ref<const std::string&>();
+    // A NUL would cut the name short when the shard is opened.
+    if (file.find('\0') != std::string::npos) {
+      fail("{}: weight_map[\"{}\"] names shard {}, which holds a NUL character", index_path, tensor,
+           json_excerpt(shard));
+    }
+    // Shards lie in the index's folder or below it: no absolute path, no "..".
+    // The check is lexical, so symlinked shards (the Hugging Face cache's
+    // snapshots link to ../../blobs) still load.
+    const std::filesystem::path name(file);
+    const bool escapes = name.has_root_path() || std::any_of(name.begin(), name.end(),
+                                                             [](const std::filesystem::path& part) {
+                                                               return part == "..";
+                                                             });
+    if (escapes) {
+      fail(
+          "{}: weight_map[\"{}\"] names shard '{}', outside the checkpoint folder {} (shards must "
+          "be relative paths within it)",
+          index_path, tensor, file, std::filesystem::path(index_path).parent_path().string());
+    }
+    if (seen.insert(file).second) out.shards.push_back({file, tensor});
+    out.weight_map.emplace(tensor, file);
+  }
+  return out;
+}
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -314,43 +356,10 @@ void load_index(const std::string& checkpoint, const fs::path& index_path,
                 std::vector<std::unique_ptr<SafetensorsFile>>* files,
                 std::map<std::string, size_t>* owner) {
   const std::string index_name = index_path.string();
-  const json index = read_json_file(index_name);
-  if (!index.is_object())
-    fail("{}: must be a JSON object, got {}", index_name, json_type_name(index));
-  const auto wm = index.find("weight_map");
-  if (wm == index.end() || !wm->is_object()) {
-    fail("{}: has no \"weight_map\" object mapping tensor names to shard files", index_name);
-  }
-  if (wm->empty()) fail("{}: weight_map is empty", index_name);
-
-  // Shards in order of first mention, each with one tensor to name in errors.
-  std::vector<std::pair<std::string, std::string>> shards;
-  std::set<std::string> seen;
-  for (const auto& [tensor, shard] : wm->items()) {
-    if (!shard.is_string() || shard.get<std::string>().empty()) {
-      fail("{}: weight_map[\"{}\"] must be a shard file name, got {}", index_name, tensor,
-           json_excerpt(shard));
-    }
-    // Shards lie in the index's folder or below it: no absolute path, no "..".
-    // The check is lexical, so symlinked shards (the Hugging Face cache's
-    // snapshots link to ../../blobs) still load.
-    const fs::path name(shard.get<std::string>());
-    const bool escapes =
-        name.has_root_path() ||
-        std::any_of(name.begin(), name.end(), [](const fs::path& part) { return part == ".."; });
-    if (escapes) {
-      fail(
-          "{}: weight_map[\"{}\"] names shard '{}', outside the checkpoint folder {} (shards must "
-          "be relative paths within it)",
-          index_name, tensor, name.string(), index_path.parent_path().string());
-    }
-    if (seen.insert(shard.get<std::string>()).second) {
-      shards.emplace_back(shard.get<std::string>(), tensor);
-    }
-  }
+  const ShardIndex index = parse_safetensors_index(read_json_file(index_name), index_name);
   const fs::path dir = index_path.parent_path();
   std::map<std::string, std::string> shard_path;  // shard name -> path as opened
-  for (const auto& [shard, tensor] : shards) {
+  for (const auto& [shard, tensor] : index.shards) {
     const fs::path p = dir / shard;
     if (!is_file(p)) {
       fail("{}: shard '{}' (listed for tensor '{}') does not exist at {}", index_name, shard,
@@ -361,16 +370,16 @@ void load_index(const std::string& checkpoint, const fs::path& index_path,
   }
 
   std::vector<std::string> problems;
-  for (const auto& [tensor, shard] : wm->items()) {
+  for (const auto& [tensor, shard] : index.weight_map) {
     const auto it = owner->find(tensor);
-    const std::string& expected = shard_path[shard.get<std::string>()];
+    const std::string& expected = shard_path[shard];
     if (it == owner->end()) {
       problems.push_back(
           fmt::format("tensor '{}' is listed in shard '{}' but {} has no such tensor", tensor,
-                      shard.get<std::string>(), expected));
+                      shard, expected));
     } else if ((*files)[it->second]->path() != expected) {
       problems.push_back(fmt::format("tensor '{}' is listed in shard '{}' but is in {}", tensor,
-                                     shard.get<std::string>(), (*files)[it->second]->path()));
+                                     shard, (*files)[it->second]->path()));
     }
   }
   if (!problems.empty()) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +36,22 @@ struct TensorInfo {
 std::vector<TensorInfo> parse_safetensors_header(std::string_view header_json, uint64_t data_size,
                                                  const std::string& origin,
                                                  std::map<std::string, std::string>* metadata);
+
+// A sharded checkpoint's `model.safetensors.index.json`, parsed.
+struct ShardIndex {
+  struct Shard {
+    std::string file;          // as the index names it: a relative path
+    std::string first_tensor;  // one tensor it holds, for error messages
+  };
+  std::map<std::string, std::string> weight_map;  // tensor name -> shard file
+  std::vector<Shard> shards;                      // distinct shards, in order of first mention
+};
+
+// Parses the index JSON (`index_path` names it in errors). Every shard file is
+// a non-empty relative path without a ".." component, so it lies in the
+// index's folder or below it (the check is lexical: symlinked shards, as in
+// the Hugging Face cache, still load). Opens no file; exposed for the fuzz target.
+ShardIndex parse_safetensors_index(const nlohmann::json& index, const std::string& index_path);
 
 // One memory-mapped .safetensors file. Move-only; tensors returned by get()
 // view the read-only mapping (writing through them faults) and stay valid while

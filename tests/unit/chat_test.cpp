@@ -310,5 +310,21 @@ TEST(ChatTemplateCheck, ReadsTheTemplateFromACheckpointFolder) {
   std::filesystem::remove_all(root);
 }
 
+// Found by the chat_template fuzz target: entries of other shapes are skipped,
+// never reported as the JSON library's type error.
+TEST(ChatTemplateCheck, TemplateListEntriesOfOtherShapes) {
+  EXPECT_EQ(chat_template_from_tokenizer_config(
+                R"({"chat_template": [{"name": 1, "template": "T1"}, 7, {"name": "default"},)"
+                R"( {"name": "default", "template": "T2"}]})",
+                "tc.json"),
+            "T2");
+  const std::string e = error_of([] {
+    (void)chat_template_from_tokenizer_config(
+        R"({"chat_template": [{"name": 1, "template": "T"}]})", "tc.json");
+  });
+  EXPECT_NE(e.find("tc.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("without a \"default\""), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace specula

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 
 #include "engine/core/buffer.h"
 #include "engine/core/error.h"
@@ -235,6 +236,27 @@ TEST_F(SafetensorsTest, ShardsAreConfinedToTheCheckpointFolder) {
   Checkpoint ck(dir_.string());
   EXPECT_EQ(ck.names(), (std::vector<std::string>{"x.a", "x.b"}));
   fs::remove(blob);
+}
+
+// The index alone, as the safetensors_index fuzz target reads it.
+TEST(SafetensorsIndex, ParsesShardsInOrderOfFirstMention) {
+  const ShardIndex index = parse_safetensors_index(
+      nlohmann::json::parse(R"({"weight_map": {"b": "s2.safetensors", "a": "sub/s1.safetensors",
+                                               "c": "s2.safetensors"}})"),
+      "/m/model.safetensors.index.json");
+  ASSERT_EQ(index.shards.size(), 2u);
+  EXPECT_EQ(index.shards[0].file, "sub/s1.safetensors");
+  EXPECT_EQ(index.shards[0].first_tensor, "a");
+  EXPECT_EQ(index.shards[1].file, "s2.safetensors");
+  EXPECT_EQ(index.weight_map.at("c"), "s2.safetensors");
+  // A NUL would cut the name short when the shard is opened.
+  expect_error(
+      [] {
+        (void)parse_safetensors_index(
+            nlohmann::json::parse(R"({"weight_map": {"a": "s.safetensors\u0000/../../x"}})"),
+            "/m/model.safetensors.index.json");
+      },
+      {"/m/model.safetensors.index.json", "weight_map[\"a\"]", "NUL"});
 }
 
 TEST_F(SafetensorsTest, IndexNamingATensorTheShardLacks) {

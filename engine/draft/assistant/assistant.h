@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/core/buffer.h"
+#include "engine/draft/assistant/assistant_config.h"
 #include "engine/draft/donor_attention.h"
 #include "engine/io/safetensors.h"
 #include "engine/io/weight_table.h"
@@ -24,26 +25,6 @@
 #include "engine/model/gemma4/config.h"
 
 namespace specula::assistant {
-
-struct AssistantConfig {
-  gemma4::Gemma4Config text;  // the drafter's own decoder stack (every layer KV-shared)
-  int backbone_hidden_size = 0;
-  bool use_ordered_embeddings = false;  // as the config says; the head is chosen by tensors
-  int num_centroids = 0;
-  int centroid_intermediate_top_k = 0;
-};
-
-// Parses `<dir>/config.json` of model_type gemma4_assistant; errors name the file and field.
-AssistantConfig load_assistant_config(const std::string& path);
-
-// The config of a drafter of the released shape for `target` (gemma4-architecture.md
-// §10.1), for benchmarks without a checkpoint. Targets with per-layer embeddings
-// (E2B/E4B class) get the small drafter: hidden 256, MLP 2048, 4 query heads and
-// a centroid head (2048 centroids, top-32); the others (26B/31B class) get hidden
-// 1024, MLP 8192, the target's query heads and a dense head. Attention geometry,
-// RoPE, sliding window, vocabulary and token ids mirror the target; the layers are
-// (num_layers - 1) sliding then one full, all KV-shared. Validated as load() does.
-AssistantConfig assistant_config_for(const gemma4::Gemma4Config& target, int num_layers = 4);
 
 struct AssistantLayerWeights {
   Tensor input_layernorm, post_attention_layernorm;              // [Ha]
@@ -85,17 +66,16 @@ class AssistantModel {
   // Loads a gemma4_assistant checkpoint for `target`: rejects a drafter whose
   // attention geometry or sizes do not match the target's donor layers.
   static std::unique_ptr<AssistantModel> load(const std::string& path,
-                                                const gemma4::Gemma4Config& target,
-                                                Backend& backend);
+                                              const gemma4::Gemma4Config& target, Backend& backend);
   // A drafter of `config` (text finalized, e.g. from assistant_config_for) for
   // `target` with seeded uniform bf16 weights on `backend` (see random_weights):
   // for benchmarks of released shapes without a checkpoint. A centroid head gets a
   // seeded permutation of the vocabulary as its token ordering. Geometry is
   // checked as load() checks it.
   static std::unique_ptr<AssistantModel> random(const AssistantConfig& config,
-                                                  const gemma4::Gemma4Config& target,
-                                                  Backend& backend, uint64_t seed,
-                                                  bool centroid_head);
+                                                const gemma4::Gemma4Config& target,
+                                                Backend& backend, uint64_t seed,
+                                                bool centroid_head);
   ~AssistantModel();
 
   const AssistantConfig& config() const { return config_; }
