@@ -76,6 +76,25 @@ echo '{"weight_map": {"model.embed_tokens.weight": "../../../../etc/passwd"}}' \
   >"$tmp/escaping_index/model.safetensors.index.json"
 expect_error shard-outside-checkpoint "names shard '../../../../etc/passwd', outside the checkpoint folder" \
   "$specula" generate --model "$tmp/escaping_index" --prompt-ids 1,2
+# A NaN in one weight: refused at load, naming the tensor (it decoded silently into token 0).
+mkdir -p "$tmp/nan_weight"
+cp "$fixture/config.json" "$fixture/model.safetensors" "$tmp/nan_weight/"
+if command -v python3 >/dev/null; then
+  python3 - "$tmp/nan_weight/model.safetensors" model.layers.1.self_attn.o_proj.weight <<'PY'
+import json, struct, sys
+path, name = sys.argv[1], sys.argv[2]
+with open(path, "r+b") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    info = json.loads(f.read(n))[name]
+    assert info["dtype"] == "F32"
+    f.seek(8 + n + info["data_offsets"][0] + 4 * 3)
+    f.write(struct.pack("<f", float("nan")))
+PY
+  expect_error nan-weight "weight model.layers.1.self_attn.o_proj.weight (f32 [32, 128]) holds NaN at element 3" \
+    "$specula" generate --model "$tmp/nan_weight" --prompt-ids 1,2
+else
+  echo "skip nan-weight: no python3 to write the NaN"
+fi
 expect_error bad-temperature "temperature" "$specula" generate --model "$fixture" --prompt-ids 1,2 --temperature -1
 expect_error threads-huge "--threads: 8192 is out of range" "$specula" generate --model "$fixture" \
   --prompt-ids 1,2 --threads 8192

@@ -266,8 +266,8 @@ AssistantConfig assistant_config_for(const gemma4::Gemma4Config& target, int num
 AssistantModel::~AssistantModel() = default;
 
 std::unique_ptr<AssistantModel> AssistantModel::load(const std::string& path,
-                                                         const gemma4::Gemma4Config& target,
-                                                         Backend& backend) {
+                                                     const gemma4::Gemma4Config& target,
+                                                     Backend& backend, bool scan_weights) {
   std::unique_ptr<AssistantModel> d(new AssistantModel());
   d->config_ = load_assistant_config(path);
   d->backend_ = &backend;
@@ -306,15 +306,15 @@ std::unique_ptr<AssistantModel> AssistantModel::load(const std::string& path,
     }
     w.token_ordering = Tensor();
   }
-  d->weight_buffer_ = gemma4::place_weights(table, backend);
+  d->weight_buffer_ = gemma4::place_weights(table, backend, scan_weights ? &ckpt : nullptr);
   d->init_after_weights();
   return d;
 }
 
 std::unique_ptr<AssistantModel> AssistantModel::random(const AssistantConfig& config,
-                                                           const gemma4::Gemma4Config& target,
-                                                           Backend& backend, uint64_t seed,
-                                                           bool centroid_head) {
+                                                       const gemma4::Gemma4Config& target,
+                                                       Backend& backend, uint64_t seed,
+                                                       bool centroid_head) {
   const std::string origin = fmt::format("random assistant drafter (seed {})", seed);
   std::unique_ptr<AssistantModel> d(new AssistantModel());
   d->config_ = config;
@@ -506,7 +506,7 @@ DraftStepOutputs AssistantModel::step(const DraftStepInputs& in, DonorAttention&
 // expands them into candidate ids through the token ordering, each row's
 // candidates are embedded and scored, and fill_scatter_rows spreads the scores.
 void AssistantModel::centroid_logits(const Tensor& h, const CentroidScratch& s,
-                                       const Tensor& logits) {
+                                     const Tensor& logits) {
   Backend& be = *backend_;
   const int64_t B = h.dim(0), Ha = h.dim(1);
   const int64_t V = config_.text.vocab_size;
