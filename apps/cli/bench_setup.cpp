@@ -136,6 +136,7 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
     gemma4::LoadOptions options;
     options.device = device;
     options.max_context = max_context;
+    options.scan_weights = !a.model.no_weight_scan;
     const auto t0 = std::chrono::steady_clock::now();
     if (!a.random_weights.empty()) {
       const gemma4::Gemma4Config config = random_config(a.random_weights);
@@ -164,7 +165,8 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
     }
     if (!a.model.draft.empty() && !a.model.no_draft && !random_draft && !replay) {
       m.draft_dir = a.model.draft;
-      m.drafter = assistant::AssistantModel::load(m.draft_dir, c, m.target->backend());
+      m.drafter = assistant::AssistantModel::load(m.draft_dir, c, m.target->backend(),
+                                                  !a.model.no_weight_scan);
     }
     if (need_tokenizer) {
       const std::string tok = !a.model.tokenizer.empty() ? a.model.tokenizer

@@ -75,6 +75,9 @@ void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft) {
   cmd->add_option("--device", args.device,
                   "Device to run on: cpu, cuda or cuda:N (cuda needs a build with SPECULA_CUDA)")
       ->capture_default_str();
+  cmd->add_flag("--no-weight-scan", args.no_weight_scan,
+                "Skip the load-time check that every weight is finite (no NaN or inf); it reads "
+                "the weights once, as they are uploaded");
 }
 
 LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_tokenizer, bool quiet) {
@@ -96,6 +99,7 @@ LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_token
   gemma4::LoadOptions options;
   options.max_context = args.ctx_size;
   options.device = parse_device(args.device);
+  options.scan_weights = !args.no_weight_scan;
   backend_for(options.device);  // an unsupported device fails here, before loading
   m.target = gemma4::Gemma4Model::load(m.model_dir, options);
   const auto& c = m.target->config();
@@ -116,7 +120,8 @@ LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_token
       }
     } else if (!m.draft_dir.empty()) {
       auto t1 = std::chrono::steady_clock::now();
-      m.drafter = assistant::AssistantModel::load(m.draft_dir, c, m.target->backend());
+      m.drafter = assistant::AssistantModel::load(m.draft_dir, c, m.target->backend(),
+                                                  !args.no_weight_scan);
       m.draft_source = std::make_unique<assistant::AssistantDrafter>(*m.target, *m.drafter);
       if (!quiet) {
         fmt::print(stderr, "drafter: {} ({} layers, hidden {}, {}; {:.2f} s)\n", m.draft_dir,

@@ -32,7 +32,8 @@ struct ModelArgs {
   std::string tokenizer;  // empty: the model directory
   int64_t ctx_size = 4096;
   int threads = 0;
-  std::string device = "cpu";  // cpu, cuda or cuda:N
+  std::string device = "cpu";   // cpu, cuda or cuda:N
+  bool no_weight_scan = false;  // skip the load-time NaN/inf scan of the weights
 };
 
 // "cpu", "cuda" (= cuda:0) or "cuda:N"; an Error names the flag and the text otherwise.

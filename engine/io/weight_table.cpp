@@ -2,6 +2,8 @@
 #include "engine/io/weight_table.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 
 #include "engine/core/error.h"
 
@@ -21,7 +23,59 @@ std::string dtype_list(const std::vector<DType>& dtypes) {
   return out;
 }
 
+// The index of the first element of `bits[0, n)` whose exponent field is all
+// ones (NaN or infinity), or -1. Blocks are reduced without branches (the
+// compiler vectorizes the inner loop); only a block that holds one is searched.
+template <typename U>
+int64_t first_all_ones_exponent(const U* bits, int64_t n, U exponent_mask) {
+  constexpr int64_t kBlock = 4096;
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    const int64_t end = std::min(n, begin + kBlock);
+    U hit = 0;
+    for (int64_t i = begin; i < end; ++i)
+      hit |= static_cast<U>((bits[i] & exponent_mask) == exponent_mask);
+    if (hit == 0) continue;
+    for (int64_t i = begin; i < end; ++i)
+      if ((bits[i] & exponent_mask) == exponent_mask) return i;
+  }
+  return -1;
+}
+
 }  // namespace
+
+std::optional<NonFinite> find_non_finite(const Tensor& t) {
+  const int64_t n = t.numel();
+  int64_t at = -1;
+  switch (t.dtype()) {
+    case DType::kF32:
+      at = first_all_ones_exponent(t.data_as<const uint32_t>(), n, uint32_t{0x7f800000u});
+      if (at < 0) return std::nullopt;
+      {
+        float v;
+        std::memcpy(&v, t.data_as<const uint32_t>() + at, 4);
+        return NonFinite{at, v};
+      }
+    case DType::kBF16:
+      at = first_all_ones_exponent(t.data_as<const uint16_t>(), n, uint16_t{0x7f80u});
+      if (at < 0) return std::nullopt;
+      return NonFinite{at, bf16_to_f32(t.data_as<const uint16_t>()[at])};
+    case DType::kF16:
+      at = first_all_ones_exponent(t.data_as<const uint16_t>(), n, uint16_t{0x7c00u});
+      if (at < 0) return std::nullopt;
+      return NonFinite{at, f16_to_f32(t.data_as<const uint16_t>()[at])};
+    default:
+      return std::nullopt;
+  }
+}
+
+void check_finite(const Tensor& t, const std::string& name, const std::string& file) {
+  const std::optional<NonFinite> bad = find_non_finite(t);
+  if (!bad) return;
+  fail(
+      "{}: weight {} ({} {}) holds {} at element {} of {}: the checkpoint is corrupt or overflowed",
+      file, name, dtype_name(t.dtype()), t.shape().str(),
+      std::isnan(bad->value) ? "NaN" : (bad->value > 0 ? "+inf" : "-inf"), bad->index, t.numel());
+}
 
 void WeightTable::add(std::string name, Shape shape, Tensor* field, bool required) {
   add_typed(std::move(name), shape, {DType::kF32, DType::kBF16, DType::kF16}, field, required);

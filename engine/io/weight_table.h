@@ -5,6 +5,8 @@
 // Error, all missing, unexpected and mis-shaped tensors by name and file.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -46,5 +48,20 @@ class WeightTable {
   std::set<std::string> ignored_;
   std::vector<std::string> ignored_prefixes_;
 };
+
+// The first NaN or infinity of a host tensor of f32, bf16 or f16 (other dtypes
+// have none): its flat index and its value widened to f32. A branch-free pass
+// over the exponent bits, memory-bound on one core, so loaders can afford it on
+// every weight they read.
+struct NonFinite {
+  int64_t index = 0;
+  float value = 0;
+};
+std::optional<NonFinite> find_non_finite(const Tensor& host_tensor);
+
+// Throws an Error naming `name`, `file`, the element and its value when
+// `host_tensor` holds a NaN or infinity (a corrupt or overflowed checkpoint,
+// which would otherwise decode silently into garbage tokens).
+void check_finite(const Tensor& host_tensor, const std::string& name, const std::string& file);
 
 }  // namespace specula::io

@@ -76,6 +76,20 @@ echo '{"weight_map": {"model.embed_tokens.weight": "../../../../etc/passwd"}}' \
   >"$tmp/escaping_index/model.safetensors.index.json"
 expect_error shard-outside-checkpoint "names shard '../../../../etc/passwd', outside the checkpoint folder" \
   "$specula" generate --model "$tmp/escaping_index" --prompt-ids 1,2
+# A NaN in one weight: refused at load, naming the tensor (it decoded silently into token 0).
+mkdir -p "$tmp/nan_weight"
+cp "$fixture/config.json" "$fixture/model.safetensors" "$tmp/nan_weight/"
+# A NaN in one f32 weight, written in place: the header (8-byte length, JSON)
+# gives the tensor's data offset; the NaN goes into its element 3.
+nan_file=$tmp/nan_weight/model.safetensors
+nan_tensor=model.layers.1.self_attn.o_proj.weight
+header_len=$(od -An -t u8 -N8 "$nan_file" | tr -d ' ')
+nan_begin=$(dd if="$nan_file" bs=1 skip=8 count="$header_len" 2>/dev/null |
+  grep -oE "\"$nan_tensor\":\{[^}]*\}" | grep -oE '"data_offsets":\[[0-9]+' | grep -oE '[0-9]+$')
+printf '\x00\x00\xc0\x7f' |
+  dd of="$nan_file" bs=1 seek=$((8 + header_len + nan_begin + 4 * 3)) conv=notrunc 2>/dev/null
+expect_error nan-weight "weight $nan_tensor (f32 [32, 128]) holds NaN at element 3" \
+  "$specula" generate --model "$tmp/nan_weight" --prompt-ids 1,2
 expect_error bad-temperature "temperature" "$specula" generate --model "$fixture" --prompt-ids 1,2 --temperature -1
 expect_error threads-huge "--threads: 8192 is out of range" "$specula" generate --model "$fixture" \
   --prompt-ids 1,2 --threads 8192

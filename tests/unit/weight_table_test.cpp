@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 
 #include "engine/core/buffer.h"
 #include "engine/core/error.h"
@@ -192,6 +194,54 @@ TEST_F(WeightTableTest, DeclaringANameTwiceIsAnError) {
   table.add("m.w", {1}, &a);
   EXPECT_THROW(table.add("m.w", {1}, &b), Error);
   EXPECT_THROW(table.add("m.x", {1}, nullptr), Error);
+}
+
+TEST(FiniteScan, FindsTheFirstNanOrInfinityInEveryFloatDtype) {
+  // Long enough that the hit lies in a later block than the first (4096 elements).
+  const int64_t n = 10000;
+  HostTensor f32(DType::kF32, {n}), bf16(DType::kBF16, {n}), f16(DType::kF16, {n});
+  for (int64_t i = 0; i < n; ++i) {
+    f32.data<float>()[i] = 1e30f * static_cast<float>(i % 7 - 3);  // large but finite
+    bf16.data<uint16_t>()[i] = f32_to_bf16(-3e38f);                // finite, near bf16's max
+    f16.data<uint16_t>()[i] = f32_to_f16(65504.0f);                // f16's max, finite
+  }
+  EXPECT_FALSE(find_non_finite(f32).has_value());
+  EXPECT_FALSE(find_non_finite(bf16).has_value());
+  EXPECT_FALSE(find_non_finite(f16).has_value());
+
+  f32.data<float>()[9000] = std::numeric_limits<float>::quiet_NaN();
+  f32.data<float>()[9001] = std::numeric_limits<float>::infinity();
+  bf16.data<uint16_t>()[4096] = f32_to_bf16(std::numeric_limits<float>::infinity());
+  f16.data<uint16_t>()[n - 1] = f32_to_f16(-std::numeric_limits<float>::infinity());
+  const auto a = find_non_finite(f32), b = find_non_finite(bf16), c = find_non_finite(f16);
+  ASSERT_TRUE(a && b && c);
+  EXPECT_EQ(a->index, 9000);
+  EXPECT_TRUE(std::isnan(a->value));
+  EXPECT_EQ(b->index, 4096);
+  EXPECT_EQ(b->value, std::numeric_limits<float>::infinity());
+  EXPECT_EQ(c->index, n - 1);
+  EXPECT_EQ(c->value, -std::numeric_limits<float>::infinity());
+
+  // Integer tensors have no NaN: all-ones bit patterns are ordinary values there.
+  HostTensor ids(DType::kI32, {4});
+  for (int i = 0; i < 4; ++i) ids.data<int32_t>()[i] = -1;
+  EXPECT_FALSE(find_non_finite(ids).has_value());
+}
+
+TEST(FiniteScan, CheckFiniteNamesTheTensorTheFileAndTheElement) {
+  HostTensor w(DType::kBF16, {3, 4});
+  EXPECT_NO_THROW(check_finite(w, "m.w", "/ck/model.safetensors"));
+  w.data<uint16_t>()[6] = f32_to_bf16(std::numeric_limits<float>::quiet_NaN());
+  try {
+    check_finite(w, "m.w", "/ck/model.safetensors");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_TRUE(contains(msg,
+                         "/ck/model.safetensors: weight m.w (bf16 [3, 4]) holds NaN at element "
+                         "6 of 12"))
+        << msg;
+  }
 }
 
 }  // namespace

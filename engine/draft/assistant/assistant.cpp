@@ -72,7 +72,7 @@ AssistantModel::~AssistantModel() = default;
 
 std::unique_ptr<AssistantModel> AssistantModel::load(const std::string& path,
                                                      const gemma4::Gemma4Config& target,
-                                                     Backend& backend) {
+                                                     Backend& backend, bool scan_weights) {
   std::unique_ptr<AssistantModel> d(new AssistantModel());
   d->config_ = load_assistant_config(path);
   d->backend_ = &backend;
@@ -111,7 +111,7 @@ std::unique_ptr<AssistantModel> AssistantModel::load(const std::string& path,
     }
     w.token_ordering = Tensor();
   }
-  d->weight_buffer_ = gemma4::place_weights(table, backend);
+  d->weight_buffer_ = gemma4::place_weights(table, backend, scan_weights ? &ckpt : nullptr);
   d->init_after_weights();
   return d;
 }

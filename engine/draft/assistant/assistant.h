@@ -65,8 +65,11 @@ class AssistantModel {
  public:
   // Loads a gemma4_assistant checkpoint for `target`: rejects a drafter whose
   // attention geometry or sizes do not match the target's donor layers.
+  // `scan_weights`: refuse NaN or infinite weights, naming the tensor (as
+  // gemma4::LoadOptions::scan_weights).
   static std::unique_ptr<AssistantModel> load(const std::string& path,
-                                              const gemma4::Gemma4Config& target, Backend& backend);
+                                              const gemma4::Gemma4Config& target, Backend& backend,
+                                              bool scan_weights = true);
   // A drafter of `config` (text finalized, e.g. from assistant_config_for) for
   // `target` with seeded uniform bf16 weights on `backend` (see random_weights):
   // for benchmarks of released shapes without a checkpoint. A centroid head gets a

@@ -124,7 +124,8 @@ std::unique_ptr<Gemma4Model> Gemma4Model::load(const std::string& path,
   declare_gemma4_weights(c, &m->weights_, &table);
   table.bind(*m->checkpoint_);
   m->backend_ = &backend_for(options.device);
-  m->weight_buffer_ = place_weights(table, *m->backend_);
+  m->weight_buffer_ =
+      place_weights(table, *m->backend_, options.scan_weights ? m->checkpoint_.get() : nullptr);
   m->init_after_weights(options);
   return m;
 }

@@ -80,6 +80,9 @@ struct LoadOptions {
   Device device = Device::cpu();
   int64_t max_context = 4096;  // default context per sequence (clamped to max_position_embeddings)
   int max_rollback = 16;       // sliding-ring slack for speculative rollback
+  // Refuse weights holding NaN or infinity at load, naming the tensor (one read
+  // of every weight, as it is uploaded; see place_weights). Off skips the read.
+  bool scan_weights = true;
 };
 
 class Gemma4Model {

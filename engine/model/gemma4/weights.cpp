@@ -92,8 +92,16 @@ bool is_float(DType d) {
 
 }  // namespace
 
-DeviceBuffer place_weights(const io::WeightTable& table, Backend& backend) {
-  if (backend.device().is_cpu()) return {};
+DeviceBuffer place_weights(const io::WeightTable& table, Backend& backend,
+                           const io::Checkpoint* scan) {
+  auto check = [&](const io::WeightTable::Entry& e) {
+    if (scan != nullptr && !e.field->empty())
+      io::check_finite(*e.field, e.name, scan->file_of(e.name));
+  };
+  if (backend.device().is_cpu()) {
+    for (const io::WeightTable::Entry& e : table.entries()) check(e);
+    return {};
+  }
   size_t total = 0;
   for (const io::WeightTable::Entry& e : table.entries()) {
     if (!e.field->empty()) total += aligned_bytes(e.field->nbytes());
@@ -103,6 +111,7 @@ DeviceBuffer place_weights(const io::WeightTable& table, Backend& backend) {
   for (const io::WeightTable::Entry& e : table.entries()) {
     Tensor& field = *e.field;
     if (field.empty()) continue;
+    check(e);
     Tensor dst(static_cast<char*>(buffer.data()) + offset, field.dtype(), field.shape(),
                backend.device());
     backend.upload(field.data(), dst);

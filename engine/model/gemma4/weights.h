@@ -63,7 +63,13 @@ void declare_gemma4_weights(const Gemma4Config& config, Gemma4Weights* weights,
 // Puts every bound weight of `table` on `backend`'s device in one allocation
 // and repoints each field at its copy. On the CPU backend nothing is copied
 // (fields stay views of the mapped checkpoint) and the buffer is empty.
-DeviceBuffer place_weights(const io::WeightTable& table, Backend& backend);
+// With `scan` (the checkpoint the table was bound from), every float weight is
+// first checked for NaN and infinity (io::check_finite: the error names the
+// tensor and its file), each right before its upload, so the bytes are read
+// once from the mapping; on the CPU backend this is the first read of the
+// weights. Null skips the scan.
+DeviceBuffer place_weights(const io::WeightTable& table, Backend& backend,
+                           const io::Checkpoint* scan);
 
 // Gives every float entry of `table` freshly allocated memory of `dtype` on
 // `backend` (one allocation) filled with seeded uniform values (entry i uses

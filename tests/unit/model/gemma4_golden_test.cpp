@@ -3,7 +3,11 @@
 // fixtures of tests/golden (made by tools/golden/make_golden.py).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstring>
+#include <filesystem>
+#include <limits>
 
 #include "engine/io/safetensors.h"
 #include "engine/model/gemma4/gemma4.h"
@@ -249,6 +253,50 @@ TEST(Gemma4Load, TheForwardNamesTheRowOfATokenOutsideTheVocabulary) {
   }
   EXPECT_EQ(kv0.length(), 0);
   EXPECT_EQ(kv1.length(), 0);
+}
+
+// A NaN in one weight (here the third layer's up_proj) used to load and decode
+// silently into token 0 forever; the load refuses it, naming the tensor and
+// the file, unless the scan is switched off.
+TEST(Gemma4Load, ANanWeightIsRefusedAtLoadNamingTheTensorAndTheFile) {
+  if (!testing::golden_exists("dense_kev")) GTEST_SKIP();
+  const std::string src = testing::golden_dir("dense_kev");
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / fmt::format("specula_nan_{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::filesystem::copy_file(src + "/config.json", dir / "config.json");
+  const std::string bad_name = "model.layers.2.mlp.up_proj.weight";
+  {
+    const io::SafetensorsFile in(src + "/model.safetensors");
+    std::vector<HostTensor> owned;
+    std::vector<io::NamedTensor> named;
+    owned.reserve(in.tensors().size());
+    for (const io::TensorInfo& info : in.tensors()) {
+      const Tensor t = in.get(info.name);
+      owned.emplace_back(t.dtype(), t.shape());
+      std::memcpy(owned.back().view().data(), t.data(), t.nbytes());
+      if (info.name == bad_name) {
+        ASSERT_EQ(t.dtype(), DType::kF32);
+        owned.back().data<float>()[5] = std::numeric_limits<float>::quiet_NaN();
+      }
+      named.push_back({info.name, owned.back()});
+    }
+    io::write_safetensors((dir / "model.safetensors").string(), named);
+  }
+  try {
+    (void)gemma4::Gemma4Model::load(dir.string());
+    FAIL() << "a checkpoint with a NaN weight must not load";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find((dir / "model.safetensors").string()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("weight " + bad_name + " (f32 "), std::string::npos) << msg;
+    EXPECT_NE(msg.find("holds NaN at element 5 of"), std::string::npos) << msg;
+  }
+  gemma4::LoadOptions unchecked;
+  unchecked.scan_weights = false;
+  EXPECT_NO_THROW((void)gemma4::Gemma4Model::load(dir.string(), unchecked));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Gemma4Load, PromptLongerThanTheContextIsAClearError) {
