@@ -109,7 +109,7 @@ int64_t needed_context(const BenchArgs& a) {
 
 LoadedModels load_bench_models(const BenchArgs& a, Device device) {
   set_threads(a.model.threads);
-  backend_for(device);  // an unsupported device fails here, before any loading
+  open_backend(a.model, device);  // an unsupported device fails here, before any loading
   // --draft replay:PROFILE runs a real drafter (the embedded one for the
   // embedded model, else a random one of the target's shape) and replaces its
   // proposals (replay::ReplayDrafter).

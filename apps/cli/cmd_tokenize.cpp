@@ -26,8 +26,7 @@ struct TokenizeArgs {
 
 std::string default_tokenizer(const std::string& given) {
   if (!given.empty()) return given;
-  const char* env = std::getenv("SPECULA_MODELS_DIR");
-  return std::string(env ? env : SPECULA_DEFAULT_MODELS_DIR) + "/gemma4-tiny-py";
+  return models_root() + "/gemma4-tiny-py";
 }
 
 // The whole of a file or of standard input ("-"), bytes as they are (NUL included).

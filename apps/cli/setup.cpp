@@ -17,12 +17,6 @@
 namespace specula::cli {
 namespace {
 
-// The embedded default family (models/ in the source tree), overridable by
-// SPECULA_MODELS_DIR for installed binaries.
-std::string models_root() {
-  if (const char* env = std::getenv("SPECULA_MODELS_DIR")) return env;
-  return SPECULA_DEFAULT_MODELS_DIR;
-}
 constexpr const char* kDefaultTarget = "gemma4-tiny-py";
 constexpr const char* kDefaultDrafter = "gemma4-tiny-py-assistant";
 
@@ -31,6 +25,22 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 
 }  // namespace
+
+// The embedded default family (models/ in the source tree), overridable by
+// SPECULA_MODELS_DIR for installed binaries.
+std::string models_root() {
+  if (const char* env = std::getenv("SPECULA_MODELS_DIR")) return env;
+  return SPECULA_DEFAULT_MODELS_DIR;
+}
+
+Backend& open_backend(const ModelArgs& args, Device device) {
+  Backend& be = backend_for(device);
+  if (args.cuda_profile) {
+    if (device.is_cpu()) fail("--cuda-profile: needs --device cuda (got {})", device.str());
+    be.set_op_profile(true);
+  }
+  return be;
+}
 
 Device parse_device(const std::string& text) {
   if (text == "cpu") return Device::cpu();
@@ -78,6 +88,10 @@ void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft) {
   cmd->add_flag("--no-weight-scan", args.no_weight_scan,
                 "Skip the load-time check that every weight is finite (no NaN or inf); it reads "
                 "the weights once, as they are uploaded");
+  cmd->add_flag("--cuda-profile", args.cuda_profile,
+                "Time every CUDA op (waiting for the device before and after each; no CUDA "
+                "graphs) and print the table per op to stderr at exit. For finding where a "
+                "step's time goes, not for throughput");
 }
 
 LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_tokenizer, bool quiet) {
@@ -100,7 +114,7 @@ LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_token
   options.max_context = args.ctx_size;
   options.device = parse_device(args.device);
   options.scan_weights = !args.no_weight_scan;
-  backend_for(options.device);  // an unsupported device fails here, before loading
+  open_backend(args, options.device);  // an unsupported device fails here, before loading
   m.target = gemma4::Gemma4Model::load(m.model_dir, options);
   const auto& c = m.target->config();
   if (!quiet) {

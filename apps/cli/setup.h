@@ -34,10 +34,17 @@ struct ModelArgs {
   int threads = 0;
   std::string device = "cpu";   // cpu, cuda or cuda:N
   bool no_weight_scan = false;  // skip the load-time NaN/inf scan of the weights
+  bool cuda_profile = false;    // per-op time table on stderr at exit (Backend::set_op_profile)
 };
 
 // "cpu", "cuda" (= cuda:0) or "cuda:N"; an Error names the flag and the text otherwise.
 Device parse_device(const std::string& text);
+// The process-wide backend of `device` with the options of `args` applied
+// (--cuda-profile); an unsupported device fails here, before any loading.
+Backend& open_backend(const ModelArgs& args, Device device);
+// Where the embedded default models live: $SPECULA_MODELS_DIR, else models/ of
+// the source tree the binary was built from.
+std::string models_root();
 
 // Everything a verb runs on. The drafter is null without speculation.
 struct LoadedModels {

@@ -400,6 +400,15 @@ class Backend : public MemoryResource {
   // out[b, a, :] = x[a, b, :]. x f32 [A, B, C], out f32 [B, A, C]; no aliasing.
   virtual void transpose01(const Tensor& x, const Tensor& out) = 0;
 
+  // ---- per-op profile (the CLI's --cuda-profile) ----
+  // On: every op waits for the device before and after itself and adds its wall
+  // time to a table the backend prints to stderr when it is destroyed (at exit
+  // for backend_for's backends); no step is recorded meanwhile (supports_graphs()
+  // false). For finding where a step's time goes, never for measuring
+  // throughput. Not while a step is being recorded. Default: throws for on (the
+  // CPU backend has no profile).
+  virtual void set_op_profile(bool on);
+
   // ---- recorded steps (CUDA graphs) ----
   // A backend that supports it records the ops queued between begin_capture()
   // and end_capture() (without running them) and queues them again, with the

@@ -500,6 +500,10 @@ void Backend::attention_inputs(const AttentionInputsParams& p) {
   if (d.has_cache) store_kv(p.k, p.v, p.positions, p.cache_k, p.cache_v);
 }
 
+void Backend::set_op_profile(bool on) {
+  if (on) fail("{}: this backend has no per-op profile", name());
+}
+
 void Backend::begin_capture() {
   fail("{}: this backend cannot record steps (supports_graphs() is false)", name());
 }

@@ -31,6 +31,8 @@ expect_error id-outside-vocab "9999" "$specula" generate --model "$fixture" --pr
 expect_error prompt-too-long "context size of 8" "$specula" generate --model "$fixture" --ctx-size 8 \
   --prompt-ids 3,4,5,6,7,8,9,10,11 --max-tokens 1
 expect_error bad-device "'tpu'" "$specula" generate --model "$fixture" --device tpu --prompt-ids 1,2
+expect_error cuda-profile-on-cpu "--cuda-profile: needs --device cuda" "$specula" generate \
+  --model "$fixture" --cuda-profile --prompt-ids 1,2
 expect_error bad-device-index "cuda:7" "$specula" generate --model "$fixture" --device cuda:7 --prompt-ids 1,2
 expect_error draft-trace-device "CPU only" "$specula" draft-trace --model "$fixture" --device cuda \
   --draft "$src/tests/golden/dense_kev_assistant" --prompt-ids 1,2 --out "$tmp/trace.safetensors"

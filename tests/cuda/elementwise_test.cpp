@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // CUDA element-wise and row ops (cuda_elementwise.cu) against the CPU reference:
 // rms_norm, rope, gelu, gelu_mul, add, mul, scale, softcap, argmax_rows,
-// softmax_rows, transpose01, gather_rows, fill_uniform and queued uploads; aliasing, batch
-// invariance, edge rows (ties, NaN, all -inf) and shape errors.
+// softmax_rows, transpose01, gather_rows, fill_uniform, queued uploads and the
+// per-op profile; aliasing, batch invariance, edge rows (ties, NaN, all -inf)
+// and shape errors.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -303,6 +304,30 @@ TEST(CudaElementwise, MapsRejectBadArguments) {
   const Tensor lo = big.dev.slice_rows(0, 2).reshape({2, 3});
   const Tensor hi = big.dev.slice_rows(1, 3).reshape({2, 3});
   EXPECT_THROW(gpu_be().add(lo, a.dev, hi), Error);
+}
+
+// The per-op profile (the CLI's --cuda-profile): ops give the same results,
+// steps cannot be recorded while it is on, and turning it off brings graphs
+// back. (The test binary then prints the profile of these ops at exit.)
+TEST(CudaElementwise, OpProfileKeepsResultsAndTurnsGraphsOff) {
+  SKIP_WITHOUT_CUDA();
+  Backend& be = gpu_be();
+  ASSERT_TRUE(be.supports_graphs());
+  Twin a(DType::kF32, {4, 333}), b(DType::kF32, {4, 333}), out(DType::kF32, {4, 333});
+  a.randomize(51);
+  b.randomize(52);
+  be.set_op_profile(true);
+  EXPECT_FALSE(be.supports_graphs());
+  EXPECT_THROW(be.begin_capture(), Error);
+  cpu_be().add(a.host, b.host, out.host);
+  be.add(a.dev, b.dev, out.dev);
+  cpu_be().gelu(out.host, out.host);
+  be.gelu(out.dev, out.dev);
+  be.set_op_profile(false);
+  EXPECT_TRUE(be.supports_graphs());
+  expect_close(out.pull(), out.host, kTanhTol, "add then gelu, profiled");
+  EXPECT_THROW(cpu_be().set_op_profile(true), Error);
+  EXPECT_NO_THROW(cpu_be().set_op_profile(false));
 }
 
 // ---- argmax_rows ----

@@ -1116,6 +1116,8 @@ TEST_F(CpuBackendTest, StoreKvWritesRowsAtPositionsModRAndRejectsBadInput) {
   EXPECT_THROW(be_.store_kv(k, v, pos, wide, wide_v), Error);
   EXPECT_FALSE(be_.supports_graphs());
   EXPECT_THROW(be_.begin_capture(), Error);
+  EXPECT_THROW(be_.set_op_profile(true), Error);  // the per-op profile is the CUDA backend's
+  EXPECT_NO_THROW(be_.set_op_profile(false));
 }
 
 }  // namespace

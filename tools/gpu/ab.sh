@@ -14,13 +14,15 @@
 #                     the bench command (after `bench --micro --json --device ...
 #                     --random-weights ...`)
 #   BENCH_TIMEOUT=300 seconds per bench run
-#   ENV_A, ENV_B      VAR=value words set for that side only (say, the same
-#                     binary twice with ENV_B="SPECULA_UNFUSED_ATTENTION=1")
+#   ARGS_A, ARGS_B    bench flags added for that side only (say, the same
+#                     binary twice with ARGS_B="--no-graphs")
+#   ENV_A, ENV_B      VAR=value words set for that side only (say,
+#                     ENV_B="CUDA_LAUNCH_BLOCKING=1")
 # JSON results land in $OUT (a-1.json, b-1.json, ...).
 set -euo pipefail
 
 if [[ $# -ne 2 ]]; then
-  sed -n '2,19p' "$0" >&2
+  sed -n '2,21p' "$0" >&2
   exit 2
 fi
 BIN_A=$1
@@ -31,6 +33,8 @@ ROUNDS=${ROUNDS:-3}
 DEVICE=${DEVICE:-cuda}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-300}
 BENCH_ARGS=${BENCH_ARGS:-"--batch 1 8 --reps 7 --prefill-tokens 64 --no-draft"}
+ARGS_A=${ARGS_A:-}
+ARGS_B=${ARGS_B:-}
 ENV_A=${ENV_A:-}
 ENV_B=${ENV_B:-}
 mkdir -p "$OUT"
@@ -42,17 +46,18 @@ for ((round = 1; round <= ROUNDS; ++round)); do
   for side in a b; do
     bin=$BIN_A
     side_env=$ENV_A
-    [[ $side == b ]] && bin=$BIN_B && side_env=$ENV_B
+    side_args=$ARGS_A
+    [[ $side == b ]] && bin=$BIN_B && side_env=$ENV_B && side_args=$ARGS_B
     json=$OUT/$side-$round.json
     echo "round $round/$ROUNDS: $side ($bin)" >&2
-    # shellcheck disable=SC2086  # BENCH_ARGS and side_env are lists of words
+    # shellcheck disable=SC2086  # BENCH_ARGS, side_args and side_env are lists of words
     env $side_env timeout "$BENCH_TIMEOUT" "$bin" bench --micro --json --device "$DEVICE" \
-      --random-weights "$PRESET" $BENCH_ARGS >"$json" 2>"$OUT/$side-$round.stderr" ||
+      --random-weights "$PRESET" $BENCH_ARGS $side_args >"$json" 2>"$OUT/$side-$round.stderr" ||
       { echo "ab.sh: $side round $round failed, see $OUT/$side-$round.stderr" >&2; exit 1; }
   done
 done
 
-python3 - "$OUT" "$ROUNDS" "$ENV_A $BIN_A" "$ENV_B $BIN_B" <<'EOF'
+python3 - "$OUT" "$ROUNDS" "$ENV_A $BIN_A $ARGS_A" "$ENV_B $BIN_B $ARGS_B" <<'EOF'
 import json
 import statistics
 import sys

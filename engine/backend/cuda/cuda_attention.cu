@@ -42,8 +42,6 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 #include <utility>
 
 #include "engine/backend/cuda/cuda_backend.h"
@@ -754,16 +752,6 @@ int smem_blocks_per_sm(size_t dynamic_bytes, size_t static_bytes) {
                           (dynamic_bytes + static_bytes + static_cast<size_t>(res)));
 }
 
-// SPECULA_ATTN_LATE_V=0 keeps every V row with K in fused launches (same
-// results; for A/B runs).
-bool late_v_off() {
-  static const bool off = [] {
-    const char* e = std::getenv("SPECULA_ATTN_LATE_V");
-    return e != nullptr && std::string_view(e) == "0";
-  }();
-  return off;
-}
-
 // Static shared memory of the partials kernels (the pair ranges and entries).
 constexpr size_t kPartialsStaticSmem = kPairTile * (2 * sizeof(int) + sizeof(int64_t));
 
@@ -1121,12 +1109,7 @@ void CudaBackend::attention_with_inputs(const AttentionInputsParams& in, const A
            (dims.ring ? p.k.dim(0) == in.cache_k.dim(0)
                       : p.k_pos0 == 0 && p.k.dim(0) <= in.cache_k.dim(0));
   }
-  // SPECULA_UNFUSED_ATTENTION=1 runs the two ops instead (same results; for A/B runs).
-  static const bool unfused = [] {
-    const char* e = std::getenv("SPECULA_UNFUSED_ATTENTION");
-    return e != nullptr && *e != '\0' && std::string_view(e) != "0";
-  }();
-  if (!fits || unfused) {
+  if (!fits) {
     Backend::attention_with_inputs(in, p);
     return;
   }
@@ -1166,9 +1149,7 @@ void CudaBackend::attention_with_inputs(const AttentionInputsParams& in, const A
   // occupancy of the partials kernel: with two, 31B decode steps took 0.8 ms
   // longer on an H200); wider heads fit one block an SM by shared memory anyway.
   auto kernel = g.d <= 256 ? attention_fused_kernel<8, 3> : attention_fused_kernel<16, 1>;
-  g.v_early = late_v_off()
-                  ? kChunk
-                  : fused_late_v_rows(g.d, g.pair_tile, int64_t{grid.x} * int64_t{grid.y} * grid.z);
+  g.v_early = fused_late_v_rows(g.d, g.pair_tile, int64_t{grid.x} * int64_t{grid.y} * grid.z);
   launch_pdl(kernel, grid, dim3(kPartialThreads),
              fused_smem_bytes(g.d, g.pair_tile, g.v_early < kChunk), stream(),
              "attention_fused_kernel", f, p.k.data_as<float>(), p.v.data_as<float>(), pos,

@@ -45,8 +45,8 @@ CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_index_);
-  if (profiling_enabled()) print_profile();
   if (stream_) cudaStreamSynchronize(stream_);
+  print_op_profile();
   for (Scratch* s : {&lt_workspace_, &x_bf16_, &w_bf16_, &attn_partials_, &moe_scratch_,
                      &attn_scores_, &argmax_partials_, &x_split_, &x_split_out_}) {
     if (s->data) cudaFree(s->data);
@@ -215,8 +215,9 @@ class CudaStepGraph final : public StepGraph {
 void CudaBackend::begin_capture() {
   ++op_seq_;
   if (capturing_) fail("cuda: begin_capture while a step is already being recorded");
-  if (profiling_enabled()) {
-    fail("cuda: steps cannot be recorded with SPECULA_CUDA_PROFILE=1 (it synchronises every op)");
+  if (op_profile_) {
+    fail(
+        "cuda: steps cannot be recorded while the per-op profile is on (it synchronises every op)");
   }
   check_cuda(cudaSetDevice(device_index_), "cudaSetDevice");
   // Relaxed: other threads may keep using the CUDA API (allocation, other
@@ -250,30 +251,20 @@ bool CudaBackend::replay(StepGraph& graph) {
 
 namespace {
 
-struct ProfileEntry {
-  int64_t calls = 0;
-  double seconds = 0;
-};
-std::mutex g_profile_mutex;
-std::map<std::string, ProfileEntry> g_profile;
-
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 }  // namespace
 
-bool profiling_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("SPECULA_CUDA_PROFILE");
-    return v != nullptr && std::string(v) == "1";
-  }();
-  return on;
+void CudaBackend::set_op_profile(bool on) {
+  if (capturing_) fail("cuda: the per-op profile cannot change while a step is being recorded");
+  op_profile_ = on;
 }
 
 OpTimer::OpTimer(CudaBackend& be, const char* op) : op_(op) {
   ++be.op_seq_;
-  if (!profiling_enabled()) return;
+  if (!be.op_profile_) return;
   be_ = &be;
   be.synchronize();
   start_ = now_seconds();
@@ -283,19 +274,20 @@ OpTimer::~OpTimer() {
   if (be_ == nullptr) return;
   cudaStreamSynchronize(be_->stream());
   const double t = now_seconds() - start_;
-  std::lock_guard<std::mutex> lock(g_profile_mutex);
-  ProfileEntry& e = g_profile[op_];
+  std::lock_guard<std::mutex> lock(be_->profile_mutex_);
+  CudaBackend::ProfileEntry& e = be_->profile_[op_];
   ++e.calls;
   e.seconds += t;
 }
 
-void print_profile() {
-  std::lock_guard<std::mutex> lock(g_profile_mutex);
+void CudaBackend::print_op_profile() {
+  std::lock_guard<std::mutex> lock(profile_mutex_);
+  if (profile_.empty()) return;
   double total = 0;
-  for (auto& [name, e] : g_profile) total += e.seconds;
-  std::fprintf(stderr, "\nSPECULA_CUDA_PROFILE (synchronous per op):\n%-14s %10s %12s %10s %7s\n",
-               "op", "calls", "total ms", "us/call", "share");
-  for (auto& [name, e] : g_profile) {
+  for (auto& [name, e] : profile_) total += e.seconds;
+  std::fprintf(stderr, "\n%s per-op profile (synchronous per op):\n%-14s %10s %12s %10s %7s\n",
+               device().str().c_str(), "op", "calls", "total ms", "us/call", "share");
+  for (auto& [name, e] : profile_) {
     std::fprintf(stderr, "%-14s %10lld %12.2f %10.2f %6.1f%%\n", name.c_str(),
                  static_cast<long long>(e.calls), e.seconds * 1e3, e.seconds * 1e6 / e.calls,
                  100 * e.seconds / total);

@@ -21,7 +21,9 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <map>
 #include <mutex>
+#include <string>
 
 #include "engine/ops/backend.h"
 #include "engine/ops/op_checks.h"
@@ -36,8 +38,6 @@ void check_cublas(cublasStatus_t status, const char* what);
 inline constexpr int64_t kInvariantRows = 256;
 // Rows above which linear_prefill() uses cuBLASLt.
 inline constexpr int64_t kPrefillGemmRows = 16;
-
-bool profiling_enabled();
 
 // dst bf16 [n] = bf16(src) (round to nearest even), queued on `stream`; src is
 // f32 or f16 (cuda_linear.cu).
@@ -125,9 +125,13 @@ class CudaBackend final : public Backend {
   void moe_experts_grouped(const MoeExpertsParams& p, int64_t n, int64_t h, int64_t inter,
                            int64_t n_experts, int64_t top_k);
 
+  // ---- per-op profile (cuda_backend.cu; see Backend::set_op_profile and OpTimer) ----
+  void set_op_profile(bool on) override;
+  bool op_profile() const { return op_profile_; }
+
   // ---- recorded steps (cuda_backend.cu): CUDA graphs captured on stream() ----
-  // Not while SPECULA_CUDA_PROFILE=1 (it synchronises around every op).
-  bool supports_graphs() const override { return !profiling_enabled(); }
+  // Not while the per-op profile is on (it synchronises around every op).
+  bool supports_graphs() const override { return !op_profile_; }
   void begin_capture() override;
   std::unique_ptr<StepGraph> end_capture() override;
   // False when the graph is stale (see scratch_generation); throws for a graph
@@ -211,6 +215,18 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
   uint64_t scratch_generation_ = 0;
   std::mutex scratch_mutex_;
+
+  // The per-op profile: on/off, and calls and seconds per op name, printed by
+  // the destructor when any op was timed.
+  friend class OpTimer;
+  struct ProfileEntry {
+    int64_t calls = 0;
+    double seconds = 0;
+  };
+  void print_op_profile();
+  bool op_profile_ = false;
+  std::mutex profile_mutex_;
+  std::map<std::string, ProfileEntry> profile_;
 };
 
 // Prefill attention through cuBLASLt (TF32 tensor cores): scores = q·kᵀ per
@@ -226,10 +242,11 @@ void attention_prefill_gemm(CudaBackend& be, const AttentionParams& p);
 // (the chunk) when every V row comes with K. cuda_attention.cu; for tests.
 int attention_fused_late_v_rows(int head_dim, int pairs, int64_t blocks);
 
-// Per-op wall-time profile, on when SPECULA_CUDA_PROFILE=1: every op
-// synchronizes before and after itself and adds its time to a table printed to
-// stderr when the backend is destroyed. Serializes the stream: for finding
-// where a step's time goes, never for measuring throughput.
+// Per-op wall-time profile, on after CudaBackend::set_op_profile(true) (the
+// CLI's --cuda-profile): every op synchronizes before and after itself and adds
+// its time to the backend's table, printed to stderr when the backend is
+// destroyed. Serializes the stream: for finding where a step's time goes, never
+// for measuring throughput. Bumps op_seq_ either way.
 class OpTimer {
  public:
   OpTimer(CudaBackend& be, const char* op);
@@ -242,8 +259,6 @@ class OpTimer {
   const char* op_;
   double start_ = 0;
 };
-bool profiling_enabled();
-void print_profile();
 
 // Shape/dtype/device checks shared by the op files; each throws an Error that
 // names the op and the tensor (same wording as the CPU backend's).

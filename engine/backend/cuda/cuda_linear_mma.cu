@@ -25,8 +25,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
-#include <cstdlib>
-#include <string_view>
 #include <type_traits>
 
 #include "engine/backend/cuda/cuda_backend.h"
@@ -777,14 +775,11 @@ constexpr int64_t kClusterMinK = 4096;
 // (mma_linear_cluster_kernel), or 0 for one block per tile. Up to one tile per
 // SM: 8; up to 1.5 tiles per SM: 4 (more blocks of fewer warps; eight
 // one-warp blocks per tile lost there). More tiles fill the GPU without: the
-// 31B's 336-tile products got 5-20% slower with either size.
-// SPECULA_DECODE_CLUSTERS=0 turns them off (same results; for A/B runs).
+// 31B's 336-tile products got 5-20% slower with either size. (Same bits
+// either way; against one block per tile, E2B's decode step took 15% less
+// time, E4B's 11%: bench/RESULTS.md, session 18.)
 int decode_cluster(int64_t tiles, int64_t k_dim) {
-  static const bool off = [] {
-    const char* e = std::getenv("SPECULA_DECODE_CLUSTERS");
-    return e != nullptr && std::string_view(e) == "0";
-  }();
-  if (off || k_dim < kClusterMinK) return 0;
+  if (k_dim < kClusterMinK) return 0;
   if (tiles <= sm_count()) return 8;
   if (2 * tiles <= int64_t{3} * sm_count()) return 4;
   return 0;
