@@ -58,8 +58,8 @@ constexpr uint64_t next_of(uint64_t c) {
   return c & 0xffff;
 }
 
-// The futex calls themselves (std::atomic::wait in libstdc++ 12 lost a wake-up
-// here: a worker stayed asleep after the word changed and notify_all ran).
+// Sleeping and waking on the signal word: the futex calls themselves, no
+// library layer between (what std::atomic::wait does varies by libstdc++).
 void futex_wait(std::atomic<uint32_t>& word, uint32_t expected) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, nullptr,
           nullptr, 0);
