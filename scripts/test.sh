@@ -18,11 +18,6 @@ if command -v npm >/dev/null 2>&1 &&
 else
   echo "== note: npm ci in tests/server/node failed or npm is missing: the server's node tests will skip"
 fi
-# ctest runs `jobs` test processes at once: give each one OpenMP thread, or the
-# spinning thread teams oversubscribe the cores and every parallel region
-# stalls (results do not depend on the thread count; the kernels are
-# thread-count invariant).
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
 # The CUDA backend is compiled wherever nvcc exists (its cross-backend tests
 # skip themselves without a GPU; tools/gpu/run_gpu.sh runs them on one).

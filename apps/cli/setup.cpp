@@ -2,7 +2,6 @@
 #include "apps/cli/setup.h"
 
 #include <fmt/format.h>
-#include <omp.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
@@ -210,14 +209,13 @@ void add_draft_options(CLI::App* cmd, speculative::DraftSchedule& schedule) {
 }
 
 void set_threads(int threads) {
-  // More threads than this only oversubscribes the cores; far more hangs or
-  // crashes the OpenMP runtime creating them.
-  const int max_threads = 4 * omp_get_num_procs();
+  // More threads than this only oversubscribes the cores.
+  const int max_threads = 4 * cpu_cores();
   if (threads < 0 || threads > max_threads) {
     fail("--threads: {} is out of range (0 = all cores, at most {}: 4 x the {} cores)", threads,
-         max_threads, omp_get_num_procs());
+         max_threads, cpu_cores());
   }
-  if (threads > 0) omp_set_num_threads(threads);
+  set_cpu_threads(threads);
 }
 
 std::string summary_line(const speculative::DecodeStats& s, bool speculative) {

@@ -18,4 +18,13 @@ std::unique_ptr<Backend> make_cpu_backend();
 std::unique_ptr<Backend> make_cuda_backend(int device_index);
 bool cuda_available();
 
+// The CPU backend's threads, the calling thread included (process-wide; the
+// default is every core this process may run on). 0 restores the default; an
+// Error names a count outside [0, 4 x the cores]. Call it while no CPU op runs.
+// Results do not depend on it (the kernels are thread-count invariant).
+void set_cpu_threads(int threads);
+int cpu_threads();
+// The cores this process may run on (its affinity mask).
+int cpu_cores();
+
 }  // namespace specula

@@ -146,7 +146,7 @@ expect_error serve-bad-port "--port: 99999" "$specula" serve --port 99999
 expect_error serve-bad-max-num-seqs "--max-num-seqs: 0" "$specula" serve --max-num-seqs 0
 expect_error serve-bad-timeout "--request-timeout: -1" "$specula" serve --request-timeout -1
 expect_error serve-bad-body-size "--max-body-size: 10" "$specula" serve --max-body-size 10
-OMP_NUM_THREADS=1 "$specula" serve --port 0 --disable-log-requests 2>"$tmp/serve.log" &
+"$specula" serve --threads 1 --port 0 --disable-log-requests 2>"$tmp/serve.log" &
 holder=$!
 port=""
 for _ in $(seq 1 100); do

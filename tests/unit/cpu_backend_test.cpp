@@ -7,9 +7,9 @@
 // to near zero are judged on the tensor's scale. Inputs in bf16/f16 are decoded
 // exactly, so they share the f32 tolerance.
 #include <gtest/gtest.h>
-#include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -22,6 +22,7 @@
 
 #include "engine/backend/backends.h"
 #include "engine/backend/cpu/cpu_internal.h"
+#include "engine/backend/cpu/cpu_parallel.h"
 #include "engine/core/buffer.h"
 
 namespace specula {
@@ -315,8 +316,8 @@ TEST_F(CpuBackendTest, ResultsDoNotDependOnTheThreadCount) {
   HostTensor q = random({6, 4, 16}), k = random({9, 2, 16}), v = random({9, 2, 16});
   HostTensor pos = make_i32({6}, {3, 4, 5, 6, 7, 8});
   auto run = [&](int threads) {
-    const int saved = omp_get_max_threads();
-    omp_set_num_threads(threads);
+    const int saved = cpu_threads();
+    set_cpu_threads(threads);
     std::vector<HostTensor> outs;
     outs.emplace_back(DType::kF32, Shape{20, 70});  // sgemm path
     outs.emplace_back(DType::kF32, Shape{5, 70});   // GEMV path
@@ -324,7 +325,7 @@ TEST_F(CpuBackendTest, ResultsDoNotDependOnTheThreadCount) {
     be_.linear(x, w, outs[0]);
     be_.linear(x.view().slice_rows(0, 5), w, outs[1]);
     be_.attention({.q = q, .k = k, .v = v, .out = outs[2], .q_positions = pos, .window = 4});
-    omp_set_num_threads(saved);
+    set_cpu_threads(saved);
     return outs;
   };
   const auto one = run(1);
@@ -1121,4 +1122,39 @@ TEST_F(CpuBackendTest, StoreKvWritesRowsAtPositionsModRAndRejectsBadInput) {
 }
 
 }  // namespace
+// The CPU backend's thread team (engine/backend/cpu/cpu_parallel.h): every index
+// runs exactly once, slots stay below the team size, and calls made from inside
+// a chunk or from several threads at once (which run on their caller) finish.
+TEST(CpuParallelTest, EveryIndexRunsOnceFromAnyCaller) {
+  const int saved = cpu_threads();
+  for (int threads : {1, 2, 3, 8}) {
+    set_cpu_threads(threads);
+    auto check = [&](int64_t n) {
+      std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+      std::atomic<int> bad_slot{0};
+      std::atomic<int64_t> inner{0};
+      cpu::parallel_for_each(n, true, [&](int64_t i, int slot) {
+        hits[static_cast<size_t>(i)].fetch_add(1);
+        if (slot < 0 || slot >= threads) bad_slot.fetch_add(1);
+        if (i % 97 == 0) {
+          cpu::parallel_for(5, true, [&](int64_t b, int64_t e, int) { inner.fetch_add(e - b); });
+        }
+      });
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << i;
+      EXPECT_EQ(bad_slot.load(), 0);
+      EXPECT_EQ(inner.load(), 5 * ((n + 96) / 97));
+    };
+    std::vector<std::thread> callers;
+    for (int t = 0; t < 3; ++t) {
+      callers.emplace_back([&] {
+        for (int64_t n : {1, 2, 7, 64, 1000, 100000}) check(n);
+      });
+    }
+    for (std::thread& t : callers) t.join();
+    for (int rep = 0; rep < 200; ++rep) check(rep + 1);
+  }
+  set_cpu_threads(saved);
+  EXPECT_EQ(cpu_threads(), saved);
+}
+
 }  // namespace specula

@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 // rope and attention (gemma4-architecture.md §2.4-§2.6).
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -41,32 +40,31 @@ void CpuBackend::rope(const Tensor& x, const Tensor& positions, const Tensor& in
   const int32_t* pos = positions.data_as<const int32_t>();
   const float* freq = inv_freq.data_as<const float>();
   float* data = x.data_as<float>();
-#pragma omp parallel if (cpu::worth_parallel(m_rows * heads * d * 4))
-  {
-    float cos_t[kMaxHalf];
-    float sin_t[kMaxHalf];
-#pragma omp for schedule(static)
-    for (int64_t m = 0; m < m_rows; ++m) {
-      // As HF: angle = float(position) * inv_freq in f32, then f32 cos/sin.
-      const auto p = static_cast<float>(pos[m]);
-      for (int64_t j = 0; j < half; ++j) {
-        const float angle = p * freq[j];
-        cos_t[static_cast<size_t>(j)] = std::cos(angle);
-        sin_t[static_cast<size_t>(j)] = std::sin(angle);
-      }
-      for (int64_t h = 0; h < heads; ++h) {
-        float* row = data + (m * heads + h) * d;
-        for (int64_t j = 0; j < half; ++j) {
-          const float x1 = row[j];
-          const float x2 = row[j + half];
-          const float c = cos_t[static_cast<size_t>(j)];
-          const float s = sin_t[static_cast<size_t>(j)];
-          row[j] = x1 * c - x2 * s;
-          row[j + half] = x2 * c + x1 * s;
-        }
-      }
-    }
-  }
+  cpu::parallel_for(m_rows, cpu::worth_parallel(m_rows * heads * d * 4),
+                    [&](int64_t m0, int64_t m1, int) {
+                      float cos_t[kMaxHalf];
+                      float sin_t[kMaxHalf];
+                      for (int64_t m = m0; m < m1; ++m) {
+                        // As HF: angle = float(position) * inv_freq in f32, then f32 cos/sin.
+                        const auto p = static_cast<float>(pos[m]);
+                        for (int64_t j = 0; j < half; ++j) {
+                          const float angle = p * freq[j];
+                          cos_t[static_cast<size_t>(j)] = std::cos(angle);
+                          sin_t[static_cast<size_t>(j)] = std::sin(angle);
+                        }
+                        for (int64_t h = 0; h < heads; ++h) {
+                          float* row = data + (m * heads + h) * d;
+                          for (int64_t j = 0; j < half; ++j) {
+                            const float x1 = row[j];
+                            const float x2 = row[j + half];
+                            const float c = cos_t[static_cast<size_t>(j)];
+                            const float s = sin_t[static_cast<size_t>(j)];
+                            row[j] = x1 * c - x2 * s;
+                            row[j + half] = x2 * c + x1 * s;
+                          }
+                        }
+                      }
+                    });
 }
 
 void CpuBackend::attention(const AttentionParams& p) {
@@ -97,57 +95,55 @@ void CpuBackend::attention(const AttentionParams& p) {
   const int64_t window = p.window;
   const float scale = p.scale;
   // Each (query, head) is independent and its visible keys form one contiguous
-  // range, computed directly rather than by testing every key. Cyclic scheduling
-  // spreads causal prefill (later queries see more keys) over the threads.
+  // range, computed directly rather than by testing every key. Threads claim
+  // chunks as they finish, which spreads causal prefill (later queries see
+  // more keys) over them.
   // One score row per thread, borrowed from the backend's scratch (no allocation per step).
-  const int team = omp_get_max_threads();
+  const int team = cpu::team_size();
   const int64_t score_len = std::max<int64_t>(t_len, 1);
   cpu::ScratchPool::Lease lease(scratch_,
                                 static_cast<size_t>(team) * static_cast<size_t>(score_len));
   float* score_rows = lease.data();
-#pragma omp parallel num_threads(team) if (cpu::worth_parallel(s_len * n_heads * score_len * d))
-  {
-    float* scores = score_rows + static_cast<int64_t>(omp_get_thread_num()) * score_len;
-#pragma omp for collapse(2) schedule(static, 1)
-    for (int64_t i = 0; i < s_len; ++i) {
-      for (int64_t h = 0; h < n_heads; ++h) {
-        float* o = out + (i * n_heads + h) * d;
-        // Key j (absolute position k_pos0 + j) is visible iff
-        // (!causal || kp <= qp) && (window == 0 || kp > qp - window).
-        const int64_t qp = q_pos[i];
-        int64_t lo = 0;
-        int64_t hi = t_len - 1;
-        if (causal) hi = std::min(hi, qp - k_pos0);
-        if (window > 0) lo = std::max(lo, qp - window + 1 - k_pos0);
-        if (lo > hi) {
-          std::fill(o, o + d, 0.0f);  // nothing visible: zeros, not 0/0
-          continue;
-        }
-        const float* qr = q + (i * n_heads + h) * d;
-        const int64_t kvh = h / group;
-        float max_score = -std::numeric_limits<float>::infinity();
-        for (int64_t j = lo; j <= hi; ++j) {
-          const int64_t kr = ring ? (k_pos0 + j) % ring_rows : j;
-          const float sc = scale * cpu::dot(qr, k + (kr * n_kv + kvh) * d, d);
-          scores[j - lo] = sc;
-          max_score = std::max(max_score, sc);
-        }
-        double sum = 0.0;
-        for (int64_t j = lo; j <= hi; ++j) {
-          float& e = scores[j - lo];
-          e = std::exp(e - max_score);
-          sum += e;
-        }
-        const auto denom = static_cast<float>(sum);
-        std::fill(o, o + d, 0.0f);
-        for (int64_t j = lo; j <= hi; ++j) {
-          const float prob = scores[j - lo] / denom;
-          const int64_t kr = ring ? (k_pos0 + j) % ring_rows : j;
-          cpu::axpy(prob, v + (kr * n_kv + kvh) * d, o, d);
-        }
-      }
-    }
-  }
+  cpu::parallel_for_each(s_len * n_heads, cpu::worth_parallel(s_len * n_heads * score_len * d),
+                         [&](int64_t ih, int slot) {
+                           float* scores = score_rows + static_cast<int64_t>(slot) * score_len;
+                           const int64_t i = ih / n_heads;
+                           const int64_t h = ih % n_heads;
+                           float* o = out + (i * n_heads + h) * d;
+                           // Key j (absolute position k_pos0 + j) is visible iff
+                           // (!causal || kp <= qp) && (window == 0 || kp > qp - window).
+                           const int64_t qp = q_pos[i];
+                           int64_t lo = 0;
+                           int64_t hi = t_len - 1;
+                           if (causal) hi = std::min(hi, qp - k_pos0);
+                           if (window > 0) lo = std::max(lo, qp - window + 1 - k_pos0);
+                           if (lo > hi) {
+                             std::fill(o, o + d, 0.0f);  // nothing visible: zeros, not 0/0
+                             return;
+                           }
+                           const float* qr = q + (i * n_heads + h) * d;
+                           const int64_t kvh = h / group;
+                           float max_score = -std::numeric_limits<float>::infinity();
+                           for (int64_t j = lo; j <= hi; ++j) {
+                             const int64_t kr = ring ? (k_pos0 + j) % ring_rows : j;
+                             const float sc = scale * cpu::dot(qr, k + (kr * n_kv + kvh) * d, d);
+                             scores[j - lo] = sc;
+                             max_score = std::max(max_score, sc);
+                           }
+                           double sum = 0.0;
+                           for (int64_t j = lo; j <= hi; ++j) {
+                             float& e = scores[j - lo];
+                             e = std::exp(e - max_score);
+                             sum += e;
+                           }
+                           const auto denom = static_cast<float>(sum);
+                           std::fill(o, o + d, 0.0f);
+                           for (int64_t j = lo; j <= hi; ++j) {
+                             const float prob = scores[j - lo] / denom;
+                             const int64_t kr = ring ? (k_pos0 + j) % ring_rows : j;
+                             cpu::axpy(prob, v + (kr * n_kv + kvh) * d, o, d);
+                           }
+                         });
 }
 
 }  // namespace specula

@@ -2,7 +2,6 @@
 // CpuBackend construction, argument checks shared by all CPU ops, and copy.
 #include "engine/backend/cpu/cpu_backend.h"
 
-#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -53,8 +52,7 @@ void CpuBackend::fill_uniform(const Tensor& t, uint64_t seed, float lo, float hi
   cpu::check_host("fill_uniform", "t", t);
   cpu::check_float("fill_uniform", "t", t);
   const int64_t n = t.numel();
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
+  cpu::parallel_for_each(n, true, [&](int64_t i, int) {
     const float v = uniform_at(seed, static_cast<uint64_t>(i), lo, hi);
     switch (t.dtype()) {
       case DType::kF32:
@@ -67,7 +65,7 @@ void CpuBackend::fill_uniform(const Tensor& t, uint64_t seed, float lo, float hi
         t.data_as<uint16_t>()[i] = f32_to_f16(v);
         break;
     }
-  }
+  });
 }
 
 void CpuBackend::transpose01(const Tensor& x, const Tensor& out) {
@@ -92,7 +90,7 @@ void CpuBackend::transpose01(const Tensor& x, const Tensor& out) {
 void CpuBackend::reserve_scratch(int64_t max_keys, int64_t max_width) {
   // Attention borrows one score row per thread; wide products one widened weight row per thread.
   const int64_t per_thread = std::max<int64_t>({max_keys, max_width, 1});
-  scratch_.reserve(static_cast<size_t>(omp_get_max_threads()) * static_cast<size_t>(per_thread));
+  scratch_.reserve(static_cast<size_t>(cpu::team_size()) * static_cast<size_t>(per_thread));
 }
 
 std::unique_ptr<Backend> make_cpu_backend() {

@@ -43,8 +43,8 @@ void map_unary(const Tensor& x, const Tensor& out, int64_t cost, F f) {
   const float* in = x.data_as<const float>();
   float* o = out.data_as<float>();
   const int64_t n = x.numel();
-#pragma omp parallel for schedule(static) if (cpu::worth_parallel(n * cost))
-  for (int64_t i = 0; i < n; ++i) o[i] = f(in[i]);
+  cpu::parallel_for_each(n, cpu::worth_parallel(n * cost),
+                         [&](int64_t i, int) { o[i] = f(in[i]); });
 }
 
 template <typename F>
@@ -53,8 +53,8 @@ void map_binary(const Tensor& a, const Tensor& b, const Tensor& out, int64_t cos
   const float* pb = b.data_as<const float>();
   float* o = out.data_as<float>();
   const int64_t n = a.numel();
-#pragma omp parallel for schedule(static) if (cpu::worth_parallel(n * cost))
-  for (int64_t i = 0; i < n; ++i) o[i] = f(pa[i], pb[i]);
+  cpu::parallel_for_each(n, cpu::worth_parallel(n * cost),
+                         [&](int64_t i, int) { o[i] = f(pa[i], pb[i]); });
 }
 
 // Rough relative cost of one tanh against one add, for the parallel cut-off.
@@ -92,12 +92,11 @@ void CpuBackend::embedding(const Tensor& table, const Tensor& ids, float scale, 
   const auto* base = static_cast<const char*>(table.data());
   const size_t row_bytes = static_cast<size_t>(h) * dtype_size(table.dtype());
   float* o = out.data_as<float>();
-#pragma omp parallel for schedule(static) if (cpu::worth_parallel(n * h))
-  for (int64_t i = 0; i < n; ++i) {
+  cpu::parallel_for_each(n, cpu::worth_parallel(n * h), [&](int64_t i, int) {
     float* row = o + i * h;
     cpu::to_f32(base + static_cast<size_t>(id[i]) * row_bytes, table.dtype(), row, h);
     for (int64_t j = 0; j < h; ++j) row[j] *= scale;
-  }
+  });
 }
 
 void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, const Tensor& out) {
@@ -128,8 +127,7 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, cons
   const int64_t rows = x.numel() / d;
   const float* in = x.data_as<const float>();
   float* o = out.data_as<float>();
-#pragma omp parallel for schedule(static) if (cpu::worth_parallel(rows * d))
-  for (int64_t r = 0; r < rows; ++r) {
+  cpu::parallel_for_each(rows, cpu::worth_parallel(rows * d), [&](int64_t r, int) {
     const float* xr = in + r * d;
     float* orow = o + r * d;
     // The mean of squares is summed in double (8 lanes so it vectorises) and
@@ -153,7 +151,7 @@ void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, cons
     } else {
       for (int64_t c = 0; c < d; ++c) orow[c] = xr[c] * inv;
     }
-  }
+  });
 }
 
 void CpuBackend::gelu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) {
@@ -197,8 +195,7 @@ void CpuBackend::top_k_rows(const Tensor& x, const Tensor& out) {
   const ops::TopKDims d = ops::check_top_k_rows(kOp, x, out);
   const float* in = x.data_as<const float>();
   int32_t* o = out.data_as<int32_t>();
-#pragma omp parallel for schedule(static) if (cpu::worth_parallel(d.rows * d.n))
-  for (int64_t r = 0; r < d.rows; ++r) {
+  cpu::parallel_for_each(d.rows, cpu::worth_parallel(d.rows * d.n), [&](int64_t r, int) {
     const float* row = in + r * d.n;
     // Per-thread scratch, grown only: steady-state steps allocate nothing.
     thread_local std::vector<int32_t> order;
@@ -214,7 +211,7 @@ void CpuBackend::top_k_rows(const Tensor& x, const Tensor& out) {
     };
     std::partial_sort(order.begin(), order.begin() + d.k, order.end(), before);
     std::copy(order.begin(), order.begin() + d.k, o + r * d.k);
-  }
+  });
 }
 
 void CpuBackend::fill_scatter_rows(const Tensor& values, const Tensor& ids, const Tensor& out) {
@@ -258,8 +255,7 @@ void CpuBackend::argmax_rows(const Tensor& x, const Tensor& out) {
   }
   const float* in = x.data_as<const float>();
   int32_t* o = out.data_as<int32_t>();
-#pragma omp parallel for schedule(static) if (cpu::worth_parallel(m * n))
-  for (int64_t r = 0; r < m; ++r) {
+  cpu::parallel_for_each(m, cpu::worth_parallel(m * n), [&](int64_t r, int) {
     const float* row = in + r * n;
     int64_t best = 0;
     float best_value = row[0];
@@ -277,7 +273,7 @@ void CpuBackend::argmax_rows(const Tensor& x, const Tensor& out) {
       }
     }
     o[r] = static_cast<int32_t>(best);
-  }
+  });
 }
 
 void CpuBackend::softmax_rows(const Tensor& x, const Tensor& out) {
@@ -288,15 +284,14 @@ void CpuBackend::softmax_rows(const Tensor& x, const Tensor& out) {
   const int64_t rows = x.numel() / n;
   const float* in = x.data_as<const float>();
   float* o = out.data_as<float>();
-#pragma omp parallel for schedule(static) if (cpu::worth_parallel(rows * n * kTanhCost))
-  for (int64_t r = 0; r < rows; ++r) {
+  cpu::parallel_for_each(rows, cpu::worth_parallel(rows * n * kTanhCost), [&](int64_t r, int) {
     const float* xr = in + r * n;
     float* orow = o + r * n;
     float max_value = -std::numeric_limits<float>::infinity();
     for (int64_t j = 0; j < n; ++j) max_value = std::max(max_value, xr[j]);
     if (max_value == -std::numeric_limits<float>::infinity()) {
       std::fill(orow, orow + n, 0.0f);
-      continue;
+      return;
     }
     double sum = 0.0;  // double: long rows (a whole vocabulary) lose nothing to the sum
     for (int64_t j = 0; j < n; ++j) {
@@ -305,7 +300,7 @@ void CpuBackend::softmax_rows(const Tensor& x, const Tensor& out) {
     }
     const auto denom = static_cast<float>(sum);
     for (int64_t j = 0; j < n; ++j) orow[j] /= denom;
-  }
+  });
 }
 
 }  // namespace specula

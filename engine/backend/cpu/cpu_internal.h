@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "engine/backend/cpu/cpu_parallel.h"
 #include "engine/core/tensor.h"
 
 #include "engine/ops/op_checks.h"

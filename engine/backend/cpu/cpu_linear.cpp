@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 // linear: y = x · wᵀ with f32 activations and f32/bf16/f16 weights.
-#include <omp.h>
 
 #include <algorithm>
 #include <limits>
@@ -25,14 +24,12 @@ void gemv_rows(const float* x, int64_t m_rows, const Tensor& w, float* y) {
   const auto* base = static_cast<const char*>(w.data());
   if (dtype == DType::kBF16 || dtype == DType::kF32) {
     // The same sums with the weights widened in registers (dot_rows_reduce).
-#pragma omp parallel for schedule(static) if (worth_parallel(n * k))
-    for (int64_t r = 0; r < n; ++r) {
+    parallel_for_each(n, worth_parallel(n * k), [&](int64_t r, int) {
       dot_rows_reduce(base + static_cast<size_t>(r * k) * elt, dtype, x, k, m_rows, k, y + r, n);
-    }
+    });
     return;
   }
-#pragma omp parallel for schedule(static) if (worth_parallel(n * k))
-  for (int64_t r = 0; r < n; ++r) {
+  parallel_for_each(n, worth_parallel(n * k), [&](int64_t r, int) {
     float lanes[kGemvMaxRows][kLanes] = {};
     float converted[kGemvChunk];
     const char* row = base + static_cast<size_t>(r * k) * elt;
@@ -48,7 +45,7 @@ void gemv_rows(const float* x, int64_t m_rows, const Tensor& w, float* y) {
       dot_accumulate_rows(x + k0, k, m_rows, wk, len, lanes);
     }
     for (int64_t m = 0; m < m_rows; ++m) y[m * n + r] = reduce_lanes(lanes[m]);
-  }
+  });
 }
 
 // Many activation rows. Every y element is still one fixed-order dot product
@@ -64,23 +61,22 @@ void dot_rows(const float* x, int64_t m_rows, const Tensor& w, float* y, Scratch
   const int64_t k = w.dim(1);
   const DType dtype = w.dtype();
   const bool widen = dtype != DType::kF32;
-  const int team = omp_get_max_threads();
+  const int team = team_size();
   ScratchPool::Lease lease(scratch, widen ? static_cast<size_t>(team) * static_cast<size_t>(k) : 0);
   float* widened = lease.data();
   const size_t elt = dtype_size(dtype);
   const auto* base = static_cast<const char*>(w.data());
-#pragma omp parallel for schedule(static) num_threads(team) if (worth_parallel(m_rows * n * k))
-  for (int64_t r = 0; r < n; ++r) {
+  parallel_for_each(n, worth_parallel(m_rows * n * k), [&](int64_t r, int slot) {
     const float* wr;
     if (widen) {
-      float* buf = widened + static_cast<int64_t>(omp_get_thread_num()) * k;
+      float* buf = widened + static_cast<int64_t>(slot) * k;
       to_f32(base + static_cast<size_t>(r * k) * elt, dtype, buf, k);
       wr = buf;
     } else {
       wr = w.data_as<const float>() + r * k;
     }
     dot_rows_reduce(wr, DType::kF32, x, k, m_rows, k, y + r, n);
-  }
+  });
 }
 
 }  // namespace

@@ -45,12 +45,10 @@ void CpuBackend::moe_route(const MoeRouteParams& p) {
   const float* logits = p.logits.data_as<const float>();
   int32_t* ids = p.expert_ids.data_as<int32_t>();
   float* weights = p.expert_weights.data_as<float>();
-#pragma omp parallel if (cpu::worth_parallel(n * n_experts * 16))
-  {
+  cpu::parallel_for(n, cpu::worth_parallel(n * n_experts * 16), [&](int64_t r0, int64_t r1, int) {
     std::vector<float> prob(static_cast<size_t>(n_experts));
     std::vector<char> taken(static_cast<size_t>(n_experts));
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < n; ++r) {
+    for (int64_t r = r0; r < r1; ++r) {
       const float* lr = logits + r * n_experts;
       float max_value = -std::numeric_limits<float>::infinity();
       for (int64_t e = 0; e < n_experts; ++e) max_value = std::max(max_value, lr[e]);
@@ -82,7 +80,7 @@ void CpuBackend::moe_route(const MoeRouteParams& p) {
         rw[t] = (rw[t] / picked_sum) * expert_scale[static_cast<size_t>(rid[t])];
       }
     }
-  }
+  });
 }
 
 void CpuBackend::moe_experts(const MoeExpertsParams& p) {

@@ -17,7 +17,7 @@ if [[ ! -d $here/node_modules/playwright-core ]]; then
 fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "$specula" serve --port 0 >"$log" 2>&1 &
+"$specula" serve --port 0 >"$log" 2>&1 &
 pid=$!
 port=""
 for _ in $(seq 1 240); do

@@ -31,5 +31,4 @@ if [[ ! -x "$bin" ]]; then
   exit 1
 fi
 cd "$here"
-# One OpenMP thread per server unless told otherwise (see server_util.mjs).
 SPECULA_BIN="$bin" exec node --test --test-reporter=spec "$test_file"

@@ -21,11 +21,10 @@ process.on('exit', () => {
   for (const child of live) child.kill('SIGKILL');
 });
 
-// One OpenMP thread per process unless told otherwise: spinning thread teams
-// of several processes on a few shared cores slow each other down by orders
-// of magnitude (README, Performance notes).
+// The CPU backend's thread team shares busy cores gracefully (README,
+// Performance notes), so servers run with their default threads.
 function childEnv() {
-  return { ...process.env, OMP_NUM_THREADS: process.env.OMP_NUM_THREADS ?? '1' };
+  return { ...process.env };
 }
 
 // Starts `specula serve --port 0 --host 127.0.0.1 ...args` and resolves once
