@@ -26,7 +26,7 @@ struct BenchArgs {
   std::vector<int> draft_tokens = {1, 2, 4, 6};
   bool json = false;
   // Device and random-weight models.
-  std::string random_weights;  // preset name or config.json path
+  std::string random_weights;   // preset name or config.json path
   bool need_tokenizer = false;  // load one even without --prompt-file (serve)
   uint64_t seed = 1234;
   std::string draft_head = "auto";  // head of a --draft random drafter (auto: as released)
@@ -52,7 +52,7 @@ struct BenchArgs {
   // --serving: a continuous-arrival workload on the engine.
   bool serving = false;
   int num_prompts = 64;
-  double request_rate = 0;  // requests per second (Poisson); 0: all at once
+  double request_rate = 0;   // requests per second (Poisson); 0: all at once
   double range_ratio = 0.5;  // lengths uniform in mean × [1 - r, 1 + r]
   int max_num_seqs = 16;
   int64_t max_batch_tokens = 0;
@@ -67,6 +67,10 @@ inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 double median(std::vector<double> v);
+// Linear interpolation between the closest ranks (p in [0, 1]); NaN for no samples.
+double percentile(std::vector<double> v, double p);
+// NaN for no samples.
+double mean(const std::vector<double>& v);
 // Wall time of f() with the device drained before and after, so queued work
 // of earlier calls is not billed to it and its own work is.
 template <typename F>

@@ -57,21 +57,6 @@ Workload make_workload(const BenchArgs& a, const LoadedModels& m) {
   return w;
 }
 
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double at = p * static_cast<double>(v.size() - 1);
-  const auto lo = static_cast<size_t>(std::floor(at));
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
-}
-
-double mean(const std::vector<double>& v) {
-  double s = 0;
-  for (double x : v) s += x;
-  return v.empty() ? 0 : s / static_cast<double>(v.size());
-}
-
 struct ServingResult {
   double seconds = 0;
   int64_t output_tokens = 0;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -30,6 +31,22 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  const double at = p * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<size_t>(std::floor(at));
+  const size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
+}
+
+double mean(const std::vector<double>& v) {
+  if (v.empty()) return NAN;
+  double s = 0;
+  for (double x : v) s += x;
+  return s / static_cast<double>(v.size());
 }
 
 namespace {

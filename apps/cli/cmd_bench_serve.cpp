@@ -32,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "apps/cli/bench.h"
 #include "apps/cli/commands.h"
 #include "apps/cli/http_client.h"
 #include "engine/core/error.h"
@@ -295,23 +296,6 @@ PhaseResult run_phase(const BenchServeArgs& a, const http::Address& address,
   for (std::thread& t : threads) t.join();
   out.seconds = seconds_between(start, Clock::now());
   return out;
-}
-
-// Linear interpolation between the closest ranks; NaN for no samples.
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return NAN;
-  std::sort(v.begin(), v.end());
-  const double at = p * static_cast<double>(v.size() - 1);
-  const auto lo = static_cast<size_t>(std::floor(at));
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (at - static_cast<double>(lo));
-}
-
-double mean(const std::vector<double>& v) {
-  if (v.empty()) return NAN;
-  double s = 0;
-  for (double x : v) s += x;
-  return s / static_cast<double>(v.size());
 }
 
 // {"mean", "p50", "p90", "p99"} in milliseconds (null without samples).

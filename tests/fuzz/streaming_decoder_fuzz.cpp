@@ -18,39 +18,6 @@
 
 namespace {
 
-bool valid_utf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<uint8_t>(s[i]);
-    size_t n = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      n = 1, cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      n = 2, cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      n = 3, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + n >= s.size()) return false;
-    for (size_t k = 1; k <= n; ++k) {
-      const auto d = static_cast<uint8_t>(s[i + k]);
-      if ((d & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
-        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-      return false;
-    }
-    i += n + 1;
-  }
-  return true;
-}
-
 // A tokenizer.json shaped like Gemma's: specials, the 256 byte tokens, a few
 // characters (one and several bytes long) and merges, an added non-special token.
 std::string tiny_tokenizer_json() {
@@ -141,11 +108,11 @@ std::string stream(const std::vector<int32_t>& ids, bool skip) {
   std::string out;
   for (const int32_t id : ids) {
     const std::string piece = dec.feed(id);
-    SPECULA_FUZZ_ASSERT(valid_utf8(piece));
+    SPECULA_FUZZ_ASSERT(specula::fuzz::valid_utf8(piece));
     out += piece;
   }
   const std::string rest = dec.flush();
-  SPECULA_FUZZ_ASSERT(valid_utf8(rest));
+  SPECULA_FUZZ_ASSERT(specula::fuzz::valid_utf8(rest));
   out += rest;
   SPECULA_FUZZ_ASSERT(out == tok.decode(ids, skip));
   return out;
@@ -183,7 +150,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   fz::last_accepted = false;
-  if (valid_utf8(text) && text.find("\xE2\x96\x81") == std::string_view::npos) {
+  if (specula::fuzz::valid_utf8(text) && text.find("\xE2\x96\x81") == std::string_view::npos) {
     std::vector<int32_t> encoded;
     try {
       encoded = tok.encode(text, /*add_special_tokens=*/false);

@@ -23,39 +23,6 @@ namespace {
 constexpr size_t kMaxInput = 64 * 1024;
 constexpr std::string_view kSeparator = "\n#%%\n";
 
-bool valid_utf8(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<uint8_t>(s[i]);
-    size_t n = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      n = 1, cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      n = 2, cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      n = 3, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + n >= s.size()) return false;
-    for (size_t k = 1; k <= n; ++k) {
-      const auto d = static_cast<uint8_t>(s[i + k]);
-      if ((d & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (d & 0x3F);
-    }
-    if ((n == 1 && cp < 0x80) || (n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) ||
-        cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-      return false;
-    }
-    i += n + 1;
-  }
-  return true;
-}
-
 // True if decode(encode(s)) must give s back for ASCII s without added-token
 // text: the tokenizer is Gemma-shaped as described at the top.
 // The member `key` of `j`, or null.
@@ -162,8 +129,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       for (const int32_t id : ids) SPECULA_FUZZ_ASSERT(id >= 0 && id < vocab);
       const std::string back = tok->decode(ids, false);
-      SPECULA_FUZZ_ASSERT(valid_utf8(back));
-      SPECULA_FUZZ_ASSERT(valid_utf8(tok->decode(ids, true)));
+      SPECULA_FUZZ_ASSERT(specula::fuzz::valid_utf8(back));
+      SPECULA_FUZZ_ASSERT(specula::fuzz::valid_utf8(tok->decode(ids, true)));
       if (round_trip && !special) {
         bool has_added = false;
         for (const int32_t id : ids) has_added |= tok->is_special(id);
@@ -175,8 +142,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Any ids, known or not, decode to valid UTF-8.
   std::vector<int32_t> ids = {-1, 0, vocab, vocab - 1, 1 << 30};
   for (int32_t i = 0; i < 300 && i < vocab; i += 7) ids.push_back(i);
-  SPECULA_FUZZ_ASSERT(valid_utf8(tok->decode(ids, false)));
-  SPECULA_FUZZ_ASSERT(valid_utf8(tok->decode(ids, true)));
+  SPECULA_FUZZ_ASSERT(specula::fuzz::valid_utf8(tok->decode(ids, false)));
+  SPECULA_FUZZ_ASSERT(specula::fuzz::valid_utf8(tok->decode(ids, true)));
   for (const int32_t id : ids) {
     if (const auto t = tok->id_to_token(id)) (void)tok->token_to_id(*t);
   }
