@@ -147,75 +147,11 @@ void Service::handle_completion(const http::Request& request,
                           .param = "model",
                           .code = "model_not_found"});
   }
-  // Render and tokenize here, on the I/O thread, so the engine thread only decodes.
   std::vector<int32_t> prompt;
-  const char* prompt_param = endpoint == api::Endpoint::kChat ? "messages" : "prompt";
-  try {
-    if (endpoint == api::Endpoint::kChat) {
-      ChatOptions chat = options_.chat;
-      chat.enable_thinking = req.enable_thinking;
-      prompt = tokenizer_.encode(render_chat(req.messages, chat), /*add_special_tokens=*/false);
-    } else if (req.prompt_is_ids) {
-      prompt = req.prompt_ids;
-    } else {
-      prompt = tokenizer_.encode(req.prompt, /*add_special_tokens=*/true);
-    }
-  } catch (const Error& e) {
-    return respond_error(*exchange, {.status = 400, .message = e.what(), .param = prompt_param});
-  }
-  const int64_t context = options_.context_length;
-  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
-  if (prompt.empty()) {
-    return respond_error(*exchange,
-                         {.status = 400, .message = "the prompt is empty", .param = prompt_param});
-  }
-  if (n_prompt >= context) {
-    return respond_error(
-        *exchange, {.status = 400,
-                    .message = fmt::format("the prompt is {} tokens; this server's context is {} "
-                                           "tokens (-c/--ctx-size), which must also hold at least "
-                                           "one generated token",
-                                           n_prompt, context),
-                    .param = prompt_param,
-                    .code = "context_length_exceeded"});
-  }
-  if (req.params.max_tokens <= 0) {
-    int64_t room = context - n_prompt;
-    if (options_.default_max_tokens > 0)
-      room = std::min<int64_t>(room, options_.default_max_tokens);
-    req.params.max_tokens = static_cast<int32_t>(room);
-  } else if (n_prompt + req.params.max_tokens > context) {
-    return respond_error(
-        *exchange,
-        {.status = 400,
-         .message = fmt::format("the prompt ({} tokens) plus max_tokens ({}) is {} tokens, past "
-                                "this server's context of {} tokens",
-                                n_prompt, req.params.max_tokens, n_prompt + req.params.max_tokens,
-                                context),
-         .param = endpoint == api::Endpoint::kChat ? "max_completion_tokens" : "max_tokens",
-         .code = "context_length_exceeded"});
-  }
-  {
-    std::lock_guard lock(mu_);
-    if (shutting_down_) {
-      return respond_error(
-          *exchange,
-          {.status = 503, .message = "the server is shutting down", .type = "service_unavailable"});
-    }
-    const int limit = options_.max_num_seqs + options_.max_queue;
-    if (in_flight_choices_ + req.n > limit) {
-      metrics_->rejected->inc();
-      return respond_error(
-          *exchange,
-          {.status = 429,
-           .message = fmt::format("the server is busy: {} sequences are running or queued (the "
-                                  "limit is --max-num-seqs + --max-queue = {}); retry later",
-                                  in_flight_choices_, limit),
-           .type = "rate_limit_error",
-           .code = "queue_full"},
-          {{"Retry-After", "1"}});
-    }
-    in_flight_choices_ += req.n;
+  if (auto e = prepare_prompt(req, endpoint, prompt)) return respond_error(*exchange, *e);
+  if (auto e = reserve_choices(req.n)) {
+    if (e->status == 429) return respond_error(*exchange, *e, {{"Retry-After", "1"}});
+    return respond_error(*exchange, *e);
   }
   auto job = std::make_shared<Job>();
   job->serial = next_job_++;
@@ -242,6 +178,77 @@ void Service::handle_completion(const http::Request& request,
     }
   });
   wake_.notify_one();
+}
+
+std::optional<api::ApiError> Service::prepare_prompt(api::CompletionRequest& req,
+                                                     api::Endpoint endpoint,
+                                                     std::vector<int32_t>& prompt) const {
+  // Render and tokenize here, on the I/O thread, so the engine thread only decodes.
+  const char* prompt_param = endpoint == api::Endpoint::kChat ? "messages" : "prompt";
+  try {
+    if (endpoint == api::Endpoint::kChat) {
+      ChatOptions chat = options_.chat;
+      chat.enable_thinking = req.enable_thinking;
+      prompt = tokenizer_.encode(render_chat(req.messages, chat), /*add_special_tokens=*/false);
+    } else if (req.prompt_is_ids) {
+      prompt = req.prompt_ids;
+    } else {
+      prompt = tokenizer_.encode(req.prompt, /*add_special_tokens=*/true);
+    }
+  } catch (const Error& e) {
+    return api::ApiError{.status = 400, .message = e.what(), .param = prompt_param};
+  }
+  const int64_t context = options_.context_length;
+  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+  if (prompt.empty()) {
+    return api::ApiError{.status = 400, .message = "the prompt is empty", .param = prompt_param};
+  }
+  if (n_prompt >= context) {
+    return api::ApiError{
+        .status = 400,
+        .message = fmt::format("the prompt is {} tokens; this server's context is {} tokens "
+                               "(-c/--ctx-size), which must also hold at least one generated token",
+                               n_prompt, context),
+        .param = prompt_param,
+        .code = "context_length_exceeded"};
+  }
+  if (req.params.max_tokens <= 0) {
+    int64_t room = context - n_prompt;
+    if (options_.default_max_tokens > 0)
+      room = std::min<int64_t>(room, options_.default_max_tokens);
+    req.params.max_tokens = static_cast<int32_t>(room);
+  } else if (n_prompt + req.params.max_tokens > context) {
+    return api::ApiError{
+        .status = 400,
+        .message =
+            fmt::format("the prompt ({} tokens) plus max_tokens ({}) is {} tokens, past "
+                        "this server's context of {} tokens",
+                        n_prompt, req.params.max_tokens, n_prompt + req.params.max_tokens, context),
+        .param = endpoint == api::Endpoint::kChat ? "max_completion_tokens" : "max_tokens",
+        .code = "context_length_exceeded"};
+  }
+  return std::nullopt;
+}
+
+std::optional<api::ApiError> Service::reserve_choices(int n) {
+  std::lock_guard lock(mu_);
+  if (shutting_down_) {
+    return api::ApiError{
+        .status = 503, .message = "the server is shutting down", .type = "service_unavailable"};
+  }
+  const int limit = options_.max_num_seqs + options_.max_queue;
+  if (in_flight_choices_ + n > limit) {
+    metrics_->rejected->inc();
+    return api::ApiError{
+        .status = 429,
+        .message = fmt::format("the server is busy: {} sequences are running or queued (the "
+                               "limit is --max-num-seqs + --max-queue = {}); retry later",
+                               in_flight_choices_, limit),
+        .type = "rate_limit_error",
+        .code = "queue_full"};
+  }
+  in_flight_choices_ += n;
+  return std::nullopt;
 }
 
 void Service::shutdown(double grace_s) {

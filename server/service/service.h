@@ -24,6 +24,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -95,6 +96,12 @@ class Service {
   // I/O thread.
   void handle_completion(const http::Request& request, std::shared_ptr<http::Exchange> exchange,
                          api::Endpoint endpoint);
+  // Renders and tokenizes the request's prompt into `prompt` and checks it
+  // against the context, filling in a default max_tokens; or the error to send.
+  std::optional<api::ApiError> prepare_prompt(api::CompletionRequest& req, api::Endpoint endpoint,
+                                              std::vector<int32_t>& prompt) const;
+  // Counts n more choices in flight, or says why not (503 shutting down, 429 busy).
+  std::optional<api::ApiError> reserve_choices(int n);
   void respond_error(http::Exchange& exchange, const api::ApiError& error,
                      std::vector<std::pair<std::string, std::string>> headers = {});
   // Engine thread.
