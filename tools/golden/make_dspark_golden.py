@@ -110,9 +110,24 @@ def max_diff(a, b):
 
 
 def canonical_config_string(cfg):
-    """The target config hash input (docs/dspark.md dspark.json target.config_hash): Python's
-    json.dumps of the whole config.json dict, keys sorted, no spaces, ASCII, floats as repr."""
-    return json.dumps(cfg, sort_keys=True, separators=(",", ":"))
+    """The target identity hashed into dspark.json target.config_hash (docs/dspark.md): the fields
+    a drafter's taps and head depend on, in a fixed order, so the C++ loader (which sees the parsed
+    config, not the file) builds the same text. Floats use %g (30.0 -> "30"); a missing softcap is
+    "none"."""
+    cap = cfg.get("final_logit_softcapping")
+    fields = [
+        ("hidden_size", cfg["hidden_size"]),
+        ("num_hidden_layers", cfg["num_hidden_layers"]),
+        ("vocab_size", cfg["vocab_size"]),
+        ("intermediate_size", cfg["intermediate_size"]),
+        ("num_attention_heads", cfg["num_attention_heads"]),
+        ("num_key_value_heads", cfg["num_key_value_heads"]),
+        ("head_dim", cfg["head_dim"]),
+        ("sliding_window", cfg.get("sliding_window") or 0),
+        ("final_logit_softcapping", "none" if cap is None else format(float(cap), "g")),
+        ("layer_types", ",".join(cfg["layer_types"])),
+    ]
+    return "gemma4-target-v1;" + ";".join(f"{k}={v}" for k, v in fields)
 
 
 def sha256_file(path):
@@ -381,7 +396,7 @@ def make_specula(out_root, tgt, meta_common):
                 seed=attempts[-1]["seed"], seed_attempts=attempts, dtype="float32", dspark_json=dspark_json,
                 checkpoint_tensors={k: list(v.shape) for k, v in sorted(P.items())},
                 target_config_hash_input=canon,
-                target_config_hash_rule='sha256(json.dumps(config_json_dict, sort_keys=True, separators=(",", ":")))',
+                target_config_hash_rule="sha256 hex of canonical_config_string (docs/dspark.md)",
                 init={"norms": "uniform(0.5, 1.5)", "linears": "N(0, 1/in)", "token_proj": "N(0, 1/(E_std^2 H))",
                       "mask_embed, block_pos": "N(0, 0.25)", "markov.w1, markov.w2": "N(0, 0.25)",
                       "confidence.weight": "N(0, 0.04)", "confidence.bias": "uniform(-1, 1)"},
