@@ -27,6 +27,7 @@ import dataclasses
 import datetime
 import hashlib
 import importlib
+import inspect
 import json
 import os
 import platform
@@ -745,8 +746,31 @@ def save_reload_deepspec(model, ds, out_dir):
     return reloaded, d, caveats
 
 
-def make_deepspec(out_root, tgt, meta_common, root, commit_arg):
+def patch_rotary_for_transformers_517(target_dir):
+    """DeepSpec (written for transformers 5.10) builds `Gemma4TextRotaryEmbedding(config,
+    layer_type="full_attention")`; 5.17's takes no layer_type (it builds every layer type's
+    inv_freq from config.per_layer_config, which the flattened draft config no longer has) and
+    picks the type in forward(), which DeepSpec already passes. So the draft's rotary module is
+    built from the target's own config: the target's full-attention RoPE, as docs/dspark.md says."""
+    from transformers import AutoConfig
+
+    modeling = importlib.import_module("deepspec.modeling.dspark.gemma4.modeling")
+    base = modeling.Gemma4TextRotaryEmbedding
+    if "layer_type" in inspect.signature(base.__init__).parameters:
+        return "not needed (this transformers takes layer_type)"
+    target_cfg = AutoConfig.from_pretrained(target_dir)
+
+    class TargetRotary(base):
+        def __init__(self, config, device=None, layer_type=None):  # noqa: ARG002 - see docstring
+            super().__init__(target_cfg)
+
+    modeling.Gemma4TextRotaryEmbedding = TargetRotary
+    return "Gemma4TextRotaryEmbedding built from the target config (transformers >= 5.15 signature)"
+
+
+def make_deepspec(out_root, tgt, meta_common, root, commit_arg, target_dir):
     ds, import_mode = import_deepspec(os.path.abspath(root))
+    import_mode += "; rotary: " + patch_rotary_for_transformers_517(target_dir)
     commit, commit_src = deepspec_commit(root, commit_arg)
     log(f"[dspark_deepspec] DeepSpec {commit} ({commit_src}); import: {import_mode}")
     dc, how = deepspec_draft_config(ds, tgt)
@@ -843,7 +867,7 @@ def main():
     failures = []
     for name, make in (("dspark", lambda: make_specula(args.out, tgt, meta_common)),
                        ("dspark_deepspec", lambda: make_deepspec(args.out, tgt, meta_common, args.deepspec,
-                                                                 args.deepspec_commit))):
+                                                                 args.deepspec_commit, args.target))):
         if name not in only:
             continue
         try:
