@@ -585,9 +585,10 @@ void Engine::State::prefill_forward(std::span<Row* const> rows, std::span<const 
                    .all_logits = false});
     any_final |= r.prefilled + take[i] == static_cast<int64_t>(r.request.prompt.size());
   }
-  // Prefill may take the backend's fast path (ForwardOptions::prefill): on
-  // the CPU it is the batch-invariant path itself; on CUDA its bits depend on
-  // the forward's rows, which fixed pieces keep to one piece of one prompt.
+  // Prefill may take the backend's fast path (ForwardOptions::prefill; bf16
+  // checkpoints only, an f32 one stays exact): on the CPU it is the
+  // batch-invariant path itself; on CUDA its bits depend on the forward's
+  // rows, which fixed pieces keep to one piece of one prompt.
   gemma4::ForwardOptions options{.compute_logits = any_final, .prefill = true};
   int64_t M = 0;
   committed.clear();

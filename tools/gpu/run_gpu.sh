@@ -6,7 +6,8 @@
 # Run from the repository root with $OUT set (logs and JSON land there):
 #   OUT=/tmp/out bash tools/gpu/run_gpu.sh
 # Environment:
-#   STAGES="tests bench torch"  stages to run (any subset, in this order; "none" only builds)
+#   STAGES="tests bench torch"  stages to run (any subset of tests sanitizer bench torch, in this
+#                               order; "none" only builds)
 #   PRESETS="31b"               presets for bench and torch (e2b e4b 31b 26b-a4b)
 #   SKIP_BUILD=1                reuse an existing build-gpu/ (else configure + build)
 #   DRAFT=random                drafter for bench (empty: none)
@@ -16,6 +17,28 @@
 #   BUILD_TIMEOUT=1500 TEST_TIMEOUT=300 BENCH_TIMEOUT=300 TORCH_TIMEOUT=400   seconds per step
 # Where one command may run at most 10 minutes, build first (STAGES=none), then run the
 # stages in separate calls with SKIP_BUILD=1.
+#
+# The sanitizer stage runs the CUDA test binary under compute-sanitizer, once per tool, each
+# on its own gtest filter (what the tool is for, sized to stay within a few minutes on an
+# H200; the tools slow kernels 10-100x):
+#   memcheck   out-of-bounds and misaligned accesses, API errors: every test but the
+#              statistical sampling runs and the engine-under-load schedules
+#   racecheck  shared-memory hazards: the kernel tests (ops against the CPU)
+#   synccheck  invalid barriers / warp-synchronous primitives: the kernel tests
+#   initcheck  reads of uninitialised device memory: the model tests (forwards, graphs,
+#              speculation, device sampling)
+# Each tool's output (sanitizer and gtest) goes to $OUT/sanitizer_<tool>.log, its gtest
+# report to $OUT/sanitizer_<tool>.json, and one line per tool to $OUT/sanitizer_summary.txt
+# (printed at the end): the sanitizer's error count, tests run and failed, exit status
+# (99: the sanitizer reported errors). Environment:
+#   SANITIZER_TOOLS="memcheck racecheck synccheck initcheck"   tools to run (a subset; one
+#                               per call where a command may run at most 10 minutes)
+#   SANITIZER_FILTER_<TOOL>="..."  a gtest filter replacing the tool's default
+#                               (e.g. SANITIZER_FILTER_MEMCHECK='*' for the whole suite)
+#   SANITIZER_ARGS="..."        extra compute-sanitizer arguments for every tool
+#   SANITIZER_TIMEOUT=540       seconds per tool
+#   COMPUTE_SANITIZER=...       the binary (default: on PATH, else /usr/local/cuda/bin)
+# e.g. SKIP_BUILD=1 STAGES=sanitizer SANITIZER_TOOLS=memcheck OUT=/tmp/out bash tools/gpu/run_gpu.sh
 set -uo pipefail
 
 OUT=${OUT:?set OUT to the folder for logs and results}
@@ -73,6 +96,66 @@ fi
 if has_stage tests; then
   step cuda_tests "${TEST_TIMEOUT:-300}" cuda_tests.log "$BUILD/tests/specula_cuda_tests" \
     --gtest_output="json:$OUT/cuda_tests.json"
+fi
+
+if has_stage sanitizer; then
+  # Default filters (see the top of the file); a leading * also matches parameterised
+  # tests ("Shapes/CudaLinear.MatchesCpu/3"). Kernel tests: every op against the CPU.
+  kernel_tests='*CudaLinear*:*CudaEmbedding*:*CudaAttention*:*CudaElementwise.*:*CudaFused.*'
+  kernel_tests+=':*CudaMoe.*:*CudaSampling.*:*CudaLogprobs.*:*CudaPdlOrder.*'
+  model_tests='*CudaGolden*:*CudaSpeculation*:*CudaGraphs.*:*CudaDraftGraphs.*:*CudaSteadyState.*'
+  model_tests+=':*CudaTaps.*:*CudaEmbedded.*:*CudaDeviceSampling.*:*CudaDeviceSamplingPenalties.*'
+  declare -A filter=(
+    [memcheck]='*-*CudaDeviceSamplingDistribution.*:*CudaEngineUnderLoad.*'
+    [racecheck]=$kernel_tests
+    [synccheck]=$kernel_tests
+    [initcheck]=$model_tests
+  )
+  # memcheck: no kernel calls malloc, so there is no device heap to check; leaks are not
+  # checked (the backends keep their pools until the process ends).
+  declare -A tool_args=(
+    [memcheck]='--check-device-heap no'
+    [racecheck]='--racecheck-report hazard'
+    [synccheck]=''
+    [initcheck]=''
+  )
+  sanitizer=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer ||
+    echo /usr/local/cuda/bin/compute-sanitizer)}
+  summary=$OUT/sanitizer_summary.txt
+  : >"$summary"
+  [[ -x $sanitizer ]] || note "sanitizer: no compute-sanitizer ($sanitizer): stage skipped"
+  for tool in ${SANITIZER_TOOLS:-memcheck racecheck synccheck initcheck}; do
+    [[ -x $sanitizer ]] || break
+    if [[ -z ${filter[$tool]+x} ]]; then
+      note "sanitizer: unknown tool '$tool' (memcheck racecheck synccheck initcheck)"
+      continue
+    fi
+    override=SANITIZER_FILTER_${tool^^}
+    tool_filter=${!override:-${filter[$tool]}}
+    rm -f "$OUT/sanitizer_$tool.json"
+    t0=$SECONDS
+    # shellcheck disable=SC2086  # tool_args and SANITIZER_ARGS are lists of arguments
+    step "sanitizer $tool" "${SANITIZER_TIMEOUT:-540}" "sanitizer_$tool.log" \
+      "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 50 ${tool_args[$tool]} \
+      ${SANITIZER_ARGS:-} "$BUILD/tests/specula_cuda_tests" --gtest_filter="$tool_filter" \
+      --gtest_output="json:$OUT/sanitizer_$tool.json"
+    rc=$?
+    # memcheck, synccheck, initcheck end with "ERROR SUMMARY: N errors"; racecheck with
+    # "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)".
+    found=$(grep -hoE '(ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: .*)' \
+      "$OUT/sanitizer_$tool.log" | tail -1)
+    tests=$(python3 - "$OUT/sanitizer_$tool.json" <<'PY'
+import json, sys
+try:
+    t = json.load(open(sys.argv[1]))
+    print(f"{t['tests']} tests, {t.get('failures', 0)} failed")
+except (OSError, ValueError, KeyError):
+    print("no gtest report")
+PY
+    )
+    echo "sanitizer $tool: ${found:-no sanitizer summary (see the log)}; $tests; exit $rc;" \
+      "$((SECONDS - t0)) s; filter '$tool_filter'" >>"$summary"
+  done
 fi
 
 if has_stage bench; then
@@ -174,5 +257,10 @@ for p in presets:
             print("  specula / torch: " + ", ".join(f"{k} {f(v)}" for k, v in r.items()))
 print()
 EOF
+if [[ -s $OUT/sanitizer_summary.txt ]]; then
+  echo "compute-sanitizer:"
+  cat "$OUT/sanitizer_summary.txt"
+  echo
+fi
 echo "status:"
 cat "$STATUS"

@@ -8,8 +8,9 @@
 // Batch invariance (what lossless speculation needs): for products with at most
 // kInvariantRows rows and for attention, a row's result depends only on its own
 // inputs: the reduction order is fixed by the kernel, never by M or by a
-// heuristic. Larger products (prefill) go through cuBLASLt on bf16 copies of the
-// activations.
+// heuristic. Larger products of bf16 weights (prefill) go through cuBLASLt on bf16
+// copies of the activations; f32|f16 weights stay on the invariant kernel in
+// linear() (exact f32), and only linear_prefill() rounds them.
 //
 // Streams: every op is queued on one stream (stream()); upload/download
 // synchronise it, upload_async does not (it stages the bytes in pinned memory). Ops never allocate:
@@ -34,7 +35,8 @@ namespace specula::cuda {
 void check_cuda(cudaError_t status, const char* what);
 void check_cublas(cublasStatus_t status, const char* what);
 
-// Rows at or below which linear() uses the batch-invariant kernel.
+// Rows at or below which linear() uses the batch-invariant kernel (for bf16
+// weights; f32|f16 weights use it at any M).
 inline constexpr int64_t kInvariantRows = 256;
 // Rows above which linear_prefill() uses cuBLASLt.
 inline constexpr int64_t kPrefillGemmRows = 16;

@@ -8,23 +8,23 @@
 //   the path below, with their own (equally fixed) reduction order. These are
 //   the model's products: decode, verify windows and batched rows.
 //
-// - f32|f16 weights, M <= kInvariantRows: invariant_linear_kernel,
-//   batch-invariant. y[m, n] is bit-identical whatever M is and whichever other rows share the
-//   call, which is what makes speculation exact (decode computes 1 row, verify k + 1, batched rows
-//   many more). The reduction order for one (m, n) is fixed by the kernel alone: K is cut into
-//   chunks of 8 elements; lane l of the warp that owns column n accumulates chunks l, l + 32, l +
-//   64, ... in increasing order, each as 8 explicit fmaf in element order into one f32 partial sum
-//   (a final partial chunk, when 8 does not divide K, belongs to the lane whose turn it is, with
-//   one fmaf per element); the 32 partial sums are then added by a fixed xor-shuffle tree. Rows are
-//   processed in groups of up to kMaxGroup so the weights are streamed once per group, and every
-//   row of a group runs the same fmaf sequence whatever the group size, its position in the group,
-//   the unrolling, or whether loads are vectorised (misaligned operands take scalar loads but the
-//   same arithmetic). No atomics, no split of K across warps. At M = 1 with f16 weights this is a
-//   decode GEMV: 16-byte streaming loads (8 f16, not allocated in L1), four columns per warp,
-//   several chunks in flight per lane. Activations are read through L1 rather than staged in shared
-//   memory: staging would need a block barrier per K tile, and every barrier drains the weight
-//   stream of the warps waiting at it; the warps of an SM read the same x rows at nearly the same
-//   time, so L1 serves them.
+// - f32|f16 weights, any M in linear() (M <= kPrefillGemmRows in
+//   linear_prefill()): invariant_linear_kernel, batch-invariant. y[m, n] is bit-identical whatever
+//   M is and whichever other rows share the call, which is what makes speculation exact (decode
+//   computes 1 row, verify k + 1, batched rows many more). The reduction order for one (m, n) is
+//   fixed by the kernel alone: K is cut into chunks of 8 elements; lane l of the warp that owns
+//   column n accumulates chunks l, l + 32, l + 64, ... in increasing order, each as 8 explicit fmaf
+//   in element order into one f32 partial sum (a final partial chunk, when 8 does not divide K,
+//   belongs to the lane whose turn it is, with one fmaf per element); the 32 partial sums are then
+//   added by a fixed xor-shuffle tree. Rows are processed in groups of up to kMaxGroup so the
+//   weights are streamed once per group, and every row of a group runs the same fmaf sequence
+//   whatever the group size, its position in the group, the unrolling, or whether loads are
+//   vectorised (misaligned operands take scalar loads but the same arithmetic). No atomics, no
+//   split of K across warps. At M = 1 with f16 weights this is a decode GEMV: 16-byte streaming
+//   loads (8 f16, not allocated in L1), four columns per warp, several chunks in flight per lane.
+//   Activations are read through L1 rather than staged in shared memory: staging would need a block
+//   barrier per K tile, and every barrier drains the weight stream of the warps waiting at it; the
+//   warps of an SM read the same x rows at nearly the same time, so L1 serves them.
 //
 //   linear_multi (q/k/v of one x) and linear_gelu_mul (gate/up) reuse the
 //   same per-warp body (warp_dot) on one grid: linear_multi concatenates the
@@ -37,14 +37,18 @@
 //   the cp.async pipeline described at pipe_smem_bytes), so the previous
 //   kernel's tail overlaps them.
 //
-// - M > kInvariantRows (prefill): cuBLASLt on bf16 copies of the activations
-//   (and of the weights when they are not bf16), f32 accumulation
+// - bf16 weights with M > kInvariantRows in linear(), and any weights with
+//   M > kPrefillGemmRows in linear_prefill(): cuBLASLt on bf16 copies of the
+//   activations (and of the weights when they are not bf16), f32 accumulation
 //   (CUBLAS_COMPUTE_32F), f32 output written straight into y. Deterministic for
 //   a given shape (the algorithm is chosen once per shape and cached), but NOT
 //   batch-invariant: the algorithm, and with it the reduction order, depends on
 //   M. Rounding x to bf16 costs ~1e-3 relative accuracy. A shape cuBLASLt
 //   offers no algorithm for (odd leading-dimension alignment) falls back to the
-//   invariant kernel.
+//   invariant kernel. linear() never rounds f32|f16 weights: a checkpoint
+//   stored in f32 is computed in f32 at every M (score of a long prompt, an
+//   f32 checkpoint's prefill pieces of up to 512 rows), slower but exact; only
+//   linear_prefill(), which the model calls for bf16 checkpoints alone, may.
 //
 // embedding, out[n, :] = f32(table[ids[n], :]) · scale. The contract says an id
 // outside [0, V) throws; a kernel cannot throw and checking on the host would
@@ -62,6 +66,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -938,13 +943,21 @@ void check_linear_args(const CudaBackend& be, const char* op, const char* w_name
   check_no_alias(op, y_name, y, w_name, w);
 }
 
+// Rows above which linear() (and linear_multi, linear_gelu_mul) of weights w
+// take cuBLASLt: kInvariantRows for bf16 weights; never for f32|f16 weights,
+// whose bf16 copy there would lose their precision (see the top of the file).
+int64_t linear_gemm_rows(const Tensor& w) {
+  return w.dtype() == DType::kBF16 ? kInvariantRows : std::numeric_limits<int64_t>::max();
+}
+
 }  // namespace
 
 // y[M, N] = x[M, K] · w[N, K]ᵀ; x, y f32, w f32|bf16|f16, all on this device; y
-// must not overlap x or w. Batch-invariant for M <= kInvariantRows (see top).
+// must not overlap x or w. Batch-invariant for M <= kInvariantRows, and at any
+// M for f32|f16 weights (see top).
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   OpTimer timer(*this, "linear");
-  linear_rows_above(x, w, y, kInvariantRows);
+  linear_rows_above(x, w, y, linear_gemm_rows(w));
 }
 
 void CudaBackend::linear_prefill(const Tensor& x, const Tensor& w, const Tensor& y) {
@@ -1027,7 +1040,7 @@ void CudaBackend::linear_multi(const Tensor& x, std::span<const LinearOut> outs)
     fused = fused && (tensor_cores || vector_path(x.data(), o.w.data(), k, dtype_size(dtype)));
   }
   if (!fused) {
-    for (const LinearOut& o : outs) linear_rows_above(x, o.w, o.y, kInvariantRows);
+    for (const LinearOut& o : outs) linear_rows_above(x, o.w, o.y, linear_gemm_rows(o.w));
     return;
   }
   void* ready = tensor_cores ? take_ready_split(x, m, k) : nullptr;

@@ -23,6 +23,22 @@ float round_to_dtype(float v, DType dtype) {
   }
 }
 
+// Whether every weight a product reads is bf16 (the rule of
+// Gemma4Model::fast_prefill()); absent tensors (shared layers' k/v, no PLE, no
+// experts) do not count.
+bool products_are_bf16(const Gemma4Weights& w) {
+  auto bf16 = [](const Tensor& t) { return t.empty() || t.dtype() == DType::kBF16; };
+  if (!bf16(w.embed_tokens) || !bf16(w.per_layer_model_projection)) return false;
+  for (const Gemma4LayerWeights& l : w.layers) {
+    for (const Tensor* t : {&l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.gate_proj, &l.up_proj,
+                            &l.down_proj, &l.per_layer_input_gate, &l.per_layer_projection,
+                            &l.router_proj, &l.experts_gate_up, &l.experts_down}) {
+      if (!bf16(*t)) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 HostTensor rope_inv_freq(const RopeConfig& rope, int head_dim) {
@@ -149,6 +165,7 @@ std::unique_ptr<Gemma4Model> Gemma4Model::random(const Gemma4Config& config,
 void Gemma4Model::init_after_weights(const LoadOptions& options) {
   const Gemma4Config& c = config_;
   Backend& be = *backend_;
+  fast_prefill_ = products_are_bf16(weights_);
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     layer_scalars_.push_back(
         read_scalar(be, weights_.layers[static_cast<size_t>(i)].layer_scalar,
@@ -432,6 +449,8 @@ const ForwardOutput& Gemma4Model::stage(std::span<const ForwardRow> rows,
   // buffer the recording must not grow).
   staged_rows_ = rows;
   staged_options_ = options;
+  // The fast prefill path only for bf16 checkpoints (see fast_prefill()).
+  staged_options_.prefill = options.prefill && fast_prefill_;
   staged_recordable_ =
       be.supports_graphs() && graphs_enabled_ && !options.prefill &&
       !options.capture_layer_hidden && !options.capture_donor_kv &&
@@ -724,8 +743,9 @@ bool Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
     ap.k_pos0 = p.attn_pos0[li];
     ap.ring_keys = p.attn_ring_keys[li];
     // Long chunks are prefill: tensor-core attention there (not batch invariant,
-    // and nothing compares a prefill chunk with decode steps bit for bit).
-    ap.allow_fast_prefill = p.gather;
+    // and nothing compares a prefill chunk with decode steps bit for bit), but
+    // TF32 products only for bf16 checkpoints (see fast_prefill()).
+    ap.allow_fast_prefill = p.gather && fast_prefill_;
     // Short chunks read the cache in place: a launch that fits every step
     // below the bound (recordable), with the same results.
     ap.positions_bound = p.positions_bound;

@@ -40,9 +40,14 @@ struct ForwardOptions {
   // last token), per layer type.
   bool capture_donor_kv = false;
   // Every row is a prompt prefill: products may take the backend's faster,
-  // not batch-invariant path (Backend::linear_prefill). Results then differ
-  // slightly from decoding the same tokens one step at a time, so set it only
-  // where every run of a request prefills the same way (the decoder's prefill).
+  // not batch-invariant path (Backend::linear_prefill, and MoeExpertsParams::
+  // prefill). Results then differ slightly from decoding the same tokens one
+  // step at a time, so set it only where every run of a request prefills the
+  // same way (the decoder's prefill). Only checkpoints whose products are bf16
+  // take it (Gemma4Model::fast_prefill()): the fast path rounds activations
+  // (and f32 weights) to bf16, ~1e-3 relative, which is below the noise of a
+  // bf16 checkpoint but far above an f32 one's; a prefill forward of an f32 or
+  // f16 checkpoint is the exact forward, as without the flag.
   bool prefill = false;
   // When set (i32 [M] on the model's device, M = all rows' tokens), the token
   // ids are read from it, row after row, and ForwardRow::tokens only gives each
@@ -83,6 +88,11 @@ struct LoadOptions {
   // Refuse weights holding NaN or infinity at load, naming the tensor (one read
   // of every weight, as it is uploaded; see place_weights). Off skips the read.
   bool scan_weights = true;
+  // No option chooses the prefill path: it follows the checkpoint's dtype. A
+  // checkpoint whose product weights are all bf16 prefills through the
+  // backend's fast path (ForwardOptions::prefill); any other (the f32 golden
+  // fixtures) computes every forward exactly, so that its greedy generation
+  // equals its plain forward's (and transformers') on every backend.
 };
 
 class Gemma4Model {
@@ -105,6 +115,10 @@ class Gemma4Model {
   const std::string& path() const { return path_; }
   Backend& backend() const { return *backend_; }
   int64_t max_context() const { return kv_spec_.max_context; }
+  // Whether prefill forwards (ForwardOptions::prefill) and long gathered
+  // chunks may take the backend's fast, bf16/TF32 paths: true when every
+  // product weight (embeddings/head, projections, experts) is bf16.
+  bool fast_prefill() const { return fast_prefill_; }
 
   // Bytes of weights one forward of `tokens` flattened tokens reads: every
   // weight except the per-layer-embedding table (only `tokens` rows of it are
@@ -198,6 +212,7 @@ class Gemma4Model {
   StepGraphCache graphs_;
   std::vector<int64_t> graph_key_;
   bool graphs_enabled_ = true;
+  bool fast_prefill_ = false;  // see fast_prefill()
   // The forward between stage() and finish_staged().
   std::span<const ForwardRow> staged_rows_;
   ForwardOptions staged_options_;

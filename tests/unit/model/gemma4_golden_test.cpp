@@ -100,6 +100,15 @@ TEST_P(Gemma4Golden, GreedyGenerationMatchesTransformers) {
   EXPECT_EQ(full, want);
 }
 
+// An f32 checkpoint never takes a backend's fast (bf16/TF32) prefill path;
+// the bf16 fixture does (Gemma4Model::fast_prefill(), the rule CUDA relies on
+// for f32-exact generation: tests/cuda/golden_generation_cuda_test.cpp).
+TEST_P(Gemma4Golden, OnlyBf16CheckpointsTakeTheFastPrefillPath) {
+  EXPECT_FALSE(model_->fast_prefill()) << GetParam();
+  if (!testing::golden_exists("e2b_like_bf16")) GTEST_SKIP() << "e2b_like_bf16 not generated";
+  EXPECT_TRUE(Gemma4Model::load(golden_dir("e2b_like_bf16"))->fast_prefill());
+}
+
 TEST_P(Gemma4Golden, BatchedRowsEqualRowsAlone) {
   const std::vector<int32_t> a = to_ids(expected("input_ids"));
   const std::vector<int32_t> b = to_ids(expected("input_ids_b"));
