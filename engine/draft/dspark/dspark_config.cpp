@@ -253,14 +253,14 @@ DSparkConfig parse_deepspec_dspark_config(const json& root, const std::string& f
   c.hidden_size = t.hidden_size;
   c.num_layers = t.num_hidden_layers;
   c.num_heads = t.num_attention_heads;
-  c.head_dim = t.global_head_dim;
+  // DeepSpec's attention reads the flat fields (it asserts both exist): head
+  // dim global_head_dim; KV heads num_global_key_value_heads when k_eq_v, else
+  // num_key_value_heads (per_layer_config does not apply to its layers).
+  c.head_dim = top.get_int("global_head_dim", std::nullopt, 2);
   c.k_eq_v = t.attention_k_eq_v;
-  // DeepSpec's attention: global KV heads when k_eq_v, else num_key_value_heads.
-  c.num_kv_heads = c.k_eq_v ? t.num_global_key_value_heads.value_or(t.num_key_value_heads)
-                            : t.num_key_value_heads;
-  for (const gemma4::LayerSpec& l : t.layers) {
-    if (l.type == gemma4::LayerType::kFull) c.num_kv_heads = l.n_kv_heads;  // per_layer_config
-  }
+  c.num_kv_heads =
+      c.k_eq_v ? top.get_int("num_global_key_value_heads", std::nullopt, 1) : t.num_key_value_heads;
+  if (c.head_dim % 2 != 0) top.bad("global_head_dim", "must be even", root["global_head_dim"]);
   if (c.num_heads % c.num_kv_heads != 0) {
     fail("{}: num_attention_heads {} is not a multiple of the {} key/value heads", file,
          c.num_heads, c.num_kv_heads);

@@ -147,6 +147,8 @@ TEST_F(DSparkTest, MistypedConfigFieldsNameFileFieldAndValue) {
   d["markov_head_type"] = "vanilla";
   d["enable_confidence_head"] = true;
   d["confidence_head_with_markov"] = true;
+  d["global_head_dim"] = 32;
+  d["num_global_key_value_heads"] = 1;
   const DSparkConfig ok = dspark::parse_deepspec_dspark_config(d, "y/config.json");
   EXPECT_EQ(ok.taps, (std::vector<int>{1, 3, 4}));
   EXPECT_EQ(ok.head_dim, 32);
@@ -159,6 +161,11 @@ TEST_F(DSparkTest, MistypedConfigFieldsNameFileFieldAndValue) {
   bad["enable_confidence_head"] = "yes";
   e = error_of([&] { dspark::parse_deepspec_dspark_config(bad, "y/config.json"); });
   EXPECT_NE(e.find("enable_confidence_head must be true or false, got \"yes\""), std::string::npos)
+      << e;
+  bad = d;
+  bad.erase("num_global_key_value_heads");
+  e = error_of([&] { dspark::parse_deepspec_dspark_config(bad, "y/config.json"); });
+  EXPECT_NE(e.find("y/config.json: field num_global_key_value_heads is missing"), std::string::npos)
       << e;
   bad = d;
   bad.erase("target_layer_ids");
@@ -291,6 +298,62 @@ TEST_F(DSparkTest, IncrementalContextEqualsFromScratch) {
     EXPECT_NE(e.find("committed position 23"), std::string::npos) << e;
     EXPECT_EQ(pieces.length(), 22);
   }
+}
+
+std::vector<speculative::DecodeRequest> greedy_requests(int n, uint32_t seed, int max_tokens);
+
+// A DeepSpec save_pretrained folder written by hand, without embed_tokens and
+// lm_head (the target's embedding and tied head stand in), with v_proj
+// (attention_k_eq_v false) and a confidence head without Markov features:
+// it loads, and decoding with it is lossless.
+TEST_F(DSparkTest, DeepSpecFolderWithoutEmbeddingOrHeadLoadsAndIsLossless) {
+  json d = json::parse(std::ifstream(testing::golden_dir("dense_kev") + "/config.json"));
+  d.erase("per_layer_config");
+  d["architectures"] = json::array({"Gemma4DSparkModel"});
+  d["num_hidden_layers"] = 2;
+  d["layer_types"] = json::array({"full_attention", "full_attention"});
+  d["attention_k_eq_v"] = false;
+  d["global_head_dim"] = 16;
+  d["num_global_key_value_heads"] = 1;
+  d["tie_word_embeddings"] = false;
+  d["target_layer_ids"] = json::array({-1, 1, 3});
+  d["num_target_layers"] = 4;
+  d["block_size"] = 4;
+  d["mask_token_id"] = 4;
+  d["markov_rank"] = 6;
+  d["markov_head_type"] = "vanilla";
+  d["enable_confidence_head"] = true;
+  d["confidence_head_with_markov"] = false;
+  const std::string dir = temp_dir("deepspec_folder");
+  std::ofstream(dir + "/config.json") << d.dump(2);
+  const DSparkConfig c = dspark::load_dspark_config(dir);
+  ASSERT_EQ(c.layout, DSparkLayout::kDeepSpec);
+  EXPECT_EQ(c.taps, (std::vector<int>{0, 2, 4}));
+  EXPECT_FALSE(c.k_eq_v);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  dspark::DSparkWeights w;
+  io::WeightTable table;
+  dspark::declare_dspark_weights(c, 32, 128, &w, &table);
+  std::mt19937 rng(5);
+  std::vector<std::vector<float>> data;
+  std::vector<io::NamedTensor> tensors;
+  for (const io::WeightTable::Entry& e : table.entries()) {
+    if (e.name == "embed_tokens.weight" || e.name == "lm_head.weight") continue;
+    const float bound =
+        e.shape.rank() <= 1 ? 0.1f : std::sqrt(3.0f / static_cast<float>(e.shape[1]));
+    std::uniform_real_distribution<float> u(-bound, bound);
+    data.emplace_back(static_cast<size_t>(e.shape.numel()));
+    for (float& v : data.back()) v = (e.shape.rank() <= 1 ? 1.0f : 0.0f) + u(rng);
+    tensors.push_back({e.name, Tensor(data.back().data(), DType::kF32, e.shape)});
+  }
+  io::write_safetensors(dir + "/model.safetensors", tensors);
+  auto model = DSparkModel::load(dir, *target_, target_->backend());
+  EXPECT_TRUE(model->has_confidence_head());
+  DSparkDrafter drafter(*target_, *model);
+  const auto reqs = greedy_requests(3, 77, 12);
+  const auto plain = speculative::decode(*target_, nullptr, reqs, {.draft_tokens = 1});
+  const auto got = speculative::decode(*target_, &drafter, reqs, {.draft_tokens = 4});
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, plain[i].tokens) << i;
 }
 
 // Prompts of 6..20 tokens (past the sliding window of 4), greedy.
