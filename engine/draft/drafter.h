@@ -16,7 +16,8 @@
 namespace specula {
 
 struct DraftRow {
-  int sequence = 0;      // id of the sequence while it runs (the engine's row slot; reused after release)
+  int sequence =
+      0;  // id of the sequence while it runs (the engine's row slot; reused after release)
   int32_t token = 0;     // the token to extend: the pending token at step 0, then the last draft
   int32_t position = 0;  // position of the pending token (constant within a round)
   SequenceKv* target_kv = nullptr;  // the target's cache of this sequence (positions < position)
@@ -78,6 +79,9 @@ class Drafter {
   // The sequence `sequence` ended (finished or cancelled); its id may be
   // reused. Default: nothing.
   virtual void release(int sequence) {}
+  // The most draft tokens one round may ask of this drafter (a block drafter:
+  // its block size); 0 = no limit. The engine refuses a schedule past it.
+  virtual int max_draft_tokens() const { return 0; }
   // Whether step_on_device() is implemented.
   virtual bool takes_device_inputs() const { return false; }
   // As step(step_index, rows), reading each row's token (and, at step 0, its

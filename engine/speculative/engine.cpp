@@ -54,6 +54,10 @@ void Engine::State::configure() {
       fail("max draft tokens must be >= 1, got {}", schedule.max_draft_tokens);
     }
     max_k = std::max(schedule.draft_tokens, schedule.adaptive ? schedule.max_draft_tokens : 0);
+    if (const int limit = drafter->max_draft_tokens(); limit > 0 && max_k > limit) {
+      fail("draft tokens {} exceed the drafter's maximum of {} per round (its block size)", max_k,
+           limit);
+    }
     if (max_k > target.kv_spec().max_rollback - 1) {
       fail("draft tokens {} exceed what the sliding caches can roll back ({}); raise max_rollback",
            max_k, target.kv_spec().max_rollback - 1);

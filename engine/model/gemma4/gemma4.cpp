@@ -268,6 +268,18 @@ void Gemma4Model::embed_scaled(const Tensor& ids, const Tensor& out) {
   backend_->embedding(weights_.embed_tokens, ids, embed_scale_, out);
 }
 
+void Gemma4Model::embed_raw(const Tensor& ids, const Tensor& out) {
+  backend_->embedding(weights_.embed_tokens, ids, 1.0f, out);
+}
+
+void Gemma4Model::logits_from_hidden(const Tensor& hidden, const Tensor& out) {
+  // The same two ops as the decode path of run_step (not linear_prefill), so a
+  // row's logits match a decode step's bit for bit.
+  backend_->linear(hidden, weights_.embed_tokens, out);
+  if (config_.final_logit_softcapping)
+    backend_->softcap(out, static_cast<float>(*config_.final_logit_softcapping), out);
+}
+
 const ForwardOutput& Gemma4Model::forward(std::span<const ForwardRow> rows,
                                           const ForwardOptions& options) {
   stage(rows, options);

@@ -141,6 +141,14 @@ class Gemma4Model {
   // The target's scaled input embedding (×√H cast to the table dtype), as the
   // assistant drafter consumes it. ids i32 [N] → out f32 [N, H].
   void embed_scaled(const Tensor& ids, const Tensor& out);
+  // The target's unscaled embedding rows (the table as stored, widened to f32),
+  // as the DSpark drafter's token projection consumes them. ids i32 [N] (on the
+  // model's device) → out f32 [N, H].
+  void embed_raw(const Tensor& ids, const Tensor& out);
+  // The target's head on hidden states, exactly as forward() computes its
+  // logits: the tied embedding product, then final_logit_softcapping when set.
+  // hidden f32 [N, H] → out f32 [N, V] (on the model's device; no aliasing).
+  void logits_from_hidden(const Tensor& hidden, const Tensor& out);
 
   // Recorded steps (CUDA graphs) for decode steps and verify windows: on by
   // default where the backend supports them (the CLI's --no-graphs turns them

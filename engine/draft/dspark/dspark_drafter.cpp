@@ -1,0 +1,166 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "engine/draft/dspark/dspark_drafter.h"
+
+#include <cmath>
+#include <limits>
+
+namespace specula::dspark {
+
+DSparkDrafter::DSparkDrafter(gemma4::Gemma4Model& target, DSparkModel& model)
+    : target_(target), model_(model), backend_(target.backend()) {
+  if (&model.backend() != &target.backend() || &model.target() != &target) {
+    fail("the DSpark drafter must be built for this target and run on its backend ({})",
+         target.backend().device().str());
+  }
+  step_slots_.resize(static_cast<size_t>(model.block_size()));
+}
+
+void DSparkDrafter::on_committed(std::span<const CommittedRow> rows, const Tensor& taps) {
+  if (rows.empty()) return;
+  // Validate every row before creating or growing any cache.
+  for (const CommittedRow& r : rows) {
+    const auto it = contexts_.find(r.sequence);
+    const int64_t have = it == contexts_.end() ? 0 : it->second.length();
+    if (r.position != have) {
+      fail(
+          "dspark: sequence {} commits positions from {}, but its context cache holds {} "
+          "(every committed position must reach the drafter once, in order)",
+          r.sequence, r.position, have);
+    }
+  }
+  pieces_.clear();
+  for (const CommittedRow& r : rows) {
+    auto it = contexts_.find(r.sequence);
+    if (it == contexts_.end()) it = contexts_.emplace(r.sequence, model_.new_context()).first;
+    pieces_.push_back(
+        {.kv = &it->second, .position = r.position, .count = r.count, .tap_row = r.tap_row});
+  }
+  model_.commit_context(pieces_, taps);
+}
+
+void DSparkDrafter::release(int sequence) {
+  contexts_.erase(sequence);
+}
+
+int64_t DSparkDrafter::context_length(int sequence) const {
+  const auto it = contexts_.find(sequence);
+  return it == contexts_.end() ? -1 : it->second.length();
+}
+
+int64_t DSparkDrafter::context_positions() const {
+  int64_t n = 0;
+  for (const auto& [seq, kv] : contexts_) n += kv.length();
+  return n;
+}
+
+Tensor DSparkDrafter::step(int step_index, std::span<const DraftRow> rows) {
+  return draft_step(step_index, rows, nullptr);
+}
+
+Tensor DSparkDrafter::step_on_device(int step_index, std::span<const DraftRow> rows,
+                                     const DraftDeviceInputs& inputs) {
+  const int64_t B = static_cast<int64_t>(rows.size());
+  if (inputs.tokens.dtype() != DType::kI32 || inputs.tokens.shape() != Shape{B} ||
+      inputs.tokens.device() != backend_.device()) {
+    fail("dspark draft step {}: device tokens {} must be i32 [{}] on {}", step_index,
+         inputs.tokens.describe(), B, backend_.device().str());
+  }
+  return draft_step(step_index, rows, &inputs.tokens);
+}
+
+Tensor DSparkDrafter::draft_step(int step_index, std::span<const DraftRow> rows,
+                                 const Tensor* device_tokens) {
+  const int G = model_.block_size();
+  const int64_t B = static_cast<int64_t>(rows.size());
+  SPECULA_CHECK(B > 0, "dspark draft step {} has no rows", step_index);
+  if (step_index < 0 || step_index >= G) {
+    fail("dspark draft step {}: a block drafts at most {} tokens (block_size)", step_index, G);
+  }
+  if (step_index > 0 && step_index > round_steps_) {
+    fail("dspark draft step {} after {} steps of the round", step_index, round_steps_);
+  }
+  std::vector<int32_t>& slots = step_slots_[static_cast<size_t>(step_index)];
+  slots.clear();
+  if (step_index == 0) {
+    round_sequences_.clear();
+    round_ctx_.clear();
+    for (const DraftRow& r : rows) {
+      const auto it = contexts_.find(r.sequence);
+      if (it == contexts_.end()) {
+        fail("dspark draft step 0: sequence {} has no context (no committed positions)",
+             r.sequence);
+      }
+      if (it->second.length() != r.position ||
+          (r.target_kv != nullptr && r.target_kv->length() != r.position)) {
+        fail(
+            "dspark draft step 0: sequence {} drafts at position {}, but its context cache holds "
+            "{} positions and the target's {}",
+            r.sequence, r.position, it->second.length(), r.target_kv ? r.target_kv->length() : -1);
+      }
+      round_sequences_.push_back(r.sequence);
+      round_ctx_.push_back(&it->second);
+      slots.push_back(static_cast<int32_t>(slots.size()));
+    }
+    for (auto& s : step_slots_) {
+      if (&s != &slots) s.clear();
+    }
+  } else {
+    size_t next = 0;
+    for (const DraftRow& r : rows) {
+      while (next < round_sequences_.size() && round_sequences_[next] != r.sequence) ++next;
+      if (next == round_sequences_.size()) {
+        fail(
+            "dspark draft step {}: sequence {} was not a row of step 0 of this round (rows must "
+            "be a subset of step 0's, in the same order)",
+            step_index, r.sequence);
+      }
+      slots.push_back(static_cast<int32_t>(next++));
+    }
+  }
+  round_steps_ = step_index + 1;
+
+  const int64_t B0 = static_cast<int64_t>(round_sequences_.size());
+  if (B0 > cap_) {
+    // Grown only for more rows than any round before.
+    cap_ = B0;
+    tokens_ = DeviceBuffer(backend_, static_cast<size_t>(G * cap_) * sizeof(int32_t));
+    confidences_ = DeviceBuffer(backend_, static_cast<size_t>(G * cap_) * sizeof(float));
+  }
+  Tensor tokens;
+  if (device_tokens != nullptr) {
+    tokens = *device_tokens;
+  } else {
+    host_tokens_.clear();
+    for (const DraftRow& r : rows) host_tokens_.push_back(r.token);
+    tokens = Tensor(static_cast<int32_t*>(tokens_.data()) + step_index * cap_, DType::kI32, {B},
+                    backend_.device());
+    backend_.upload_async(host_tokens_.data(), tokens);
+  }
+  if (step_index == 0) model_.run_block(round_ctx_, tokens);
+  u_rows_.clear();
+  for (int32_t s : slots) u_rows_.push_back(s * G + step_index);
+  const Tensor conf = model_.has_confidence_head()
+                          ? Tensor(static_cast<float*>(confidences_.data()) + step_index * cap_,
+                                   DType::kF32, {B}, backend_.device())
+                          : Tensor();
+  return model_.head_step(step_index, u_rows_, tokens, conf);
+}
+
+std::vector<float> DSparkDrafter::last_confidences() {
+  if (!model_.has_confidence_head() || round_steps_ == 0) return {};
+  const int G = model_.block_size();
+  std::vector<float> raw(static_cast<size_t>(G * cap_));
+  backend_.download(confidences_.view(DType::kF32, {G * cap_}), raw.data());
+  const int64_t B0 = static_cast<int64_t>(round_sequences_.size());
+  std::vector<float> out(static_cast<size_t>(B0 * G), std::numeric_limits<float>::quiet_NaN());
+  for (int k = 0; k < round_steps_; ++k) {
+    const std::vector<int32_t>& slots = step_slots_[static_cast<size_t>(k)];
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const float c = raw[static_cast<size_t>(k * cap_) + i];
+      out[static_cast<size_t>(slots[i]) * G + k] = 1.0f / (1.0f + std::exp(-c));
+    }
+  }
+  return out;
+}
+
+}  // namespace specula::dspark

@@ -1,0 +1,574 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "engine/draft/dspark/dspark_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "engine/io/json_util.h"
+#include "engine/model/gemma4/weights.h"
+
+namespace specula::dspark {
+namespace {
+
+// Rounds a scale as HF does before multiplying a table of `dtype`.
+float round_to_dtype(float v, DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return bf16_to_f32(f32_to_bf16(v));
+    case DType::kF16:
+      return f16_to_f32(f32_to_f16(v));
+    default:
+      return v;
+  }
+}
+
+// Grows `arena` to what `carve` needs (measured by a dry run), then carves.
+template <typename F>
+void carve_into(Arena& arena, Backend& be, F&& carve) {
+  Arena measure = Arena::measuring();
+  carve(measure);
+  if (measure.used() > arena.capacity()) arena = Arena(measure.used() + measure.used() / 4, &be);
+  arena.reset();
+  carve(arena);
+}
+
+}  // namespace
+
+// Views of the block scratch (T = B·γ rows).
+struct DSparkModel::BlockScratch {
+  Tensor inputs;     // i32 [2T]: positions, then the gather index
+  Tensor positions;  // i32 [T]: t_b + j
+  Tensor gidx;       // i32 [T]: specula: j; DeepSpec: j == 0 ? b : B
+  Tensor ids_src;    // i32 [B + 1] (DeepSpec): anchors, then mask_token_id
+  Tensor ids;        // i32 [T] (DeepSpec): the block's ids
+  Tensor er, tp;     // specula: f32 [B, H] raw embeddings, [B, d] token projections
+  Tensor x, xn, o;   // f32 [T, d]
+  Tensor q, attn;    // f32 [T, Nh·D]
+  Tensor k, v;       // f32 [T, KV·D]
+  Tensor gate, up;   // f32 [T, F]
+  Tensor h;          // f32 [T, d]
+  Tensor hout;       // specula: f32 [T, H]
+  Tensor U;          // f32 [T, V]
+  Tensor hconf;      // f32 [T, 1]
+};
+
+// Views of the context-commit scratch (N committed rows of a forward of M tokens).
+struct DSparkModel::CommitScratch {
+  Tensor positions;  // i32 [N]
+  Tensor tt;         // f32 [M, m·H]: the taps concatenated on the feature axis
+  Tensor cin;        // f32 [N, m·H]
+  Tensor ctx, nc;    // f32 [N, d]
+  Tensor k, v;       // f32 [N, KV·D]
+};
+
+DSparkModel::~DSparkModel() = default;
+
+std::unique_ptr<DSparkModel> DSparkModel::load(const std::string& dir, gemma4::Gemma4Model& target,
+                                               Backend& backend, bool scan_weights) {
+  std::unique_ptr<DSparkModel> m(new DSparkModel());
+  m->config_ = load_dspark_config(dir);
+  m->target_ = &target;
+  m->backend_ = &backend;
+  const DSparkConfig& c = m->config_;
+  const std::string file =
+      dir + "/" + (c.layout == DSparkLayout::kSpecula ? kSpeculaConfigFile : kDeepSpecConfigFile);
+  if (&backend != &target.backend())
+    fail("{}: the DSpark drafter must run on the target's backend", file);
+  check_dspark_config(c, target.config(), file);
+  m->checkpoint_ = std::make_unique<io::Checkpoint>(dir);
+  io::WeightTable table;
+  declare_dspark_weights(c, target.config().hidden_size, target.config().vocab_size, &m->weights_,
+                         &table);
+  table.bind(*m->checkpoint_);
+  m->weight_buffer_ =
+      gemma4::place_weights(table, backend, scan_weights ? m->checkpoint_.get() : nullptr);
+  m->init_after_weights(file);
+  std::fprintf(stderr, "dspark: %s\n", m->description().c_str());
+  if (c.layout == DSparkLayout::kDeepSpec) {
+    if (m->weights_.embed_tokens.empty())
+      std::fprintf(stderr, "dspark: %s has no embed_tokens.weight: using the target's embedding\n",
+                   dir.c_str());
+    if (m->weights_.lm_head.empty())
+      std::fprintf(stderr, "dspark: %s has no lm_head.weight: using the target's tied head\n",
+                   dir.c_str());
+  }
+  return m;
+}
+
+std::unique_ptr<DSparkModel> DSparkModel::random(const DSparkConfig& config,
+                                                 gemma4::Gemma4Model& target, Backend& backend,
+                                                 uint64_t seed, DType dtype) {
+  const std::string origin = fmt::format("random dspark drafter (seed {})", seed);
+  std::unique_ptr<DSparkModel> m(new DSparkModel());
+  m->config_ = config;
+  m->target_ = &target;
+  m->backend_ = &backend;
+  if (&backend != &target.backend())
+    fail("{}: the DSpark drafter must run on the target's backend", origin);
+  check_dspark_config(m->config_, target.config(), origin);
+  io::WeightTable table;
+  declare_dspark_weights(m->config_, target.config().hidden_size, target.config().vocab_size,
+                         &m->weights_, &table);
+  m->weight_buffer_ = gemma4::random_weights(table, backend, seed, dtype);
+  m->init_after_weights(origin);
+  return m;
+}
+
+std::string DSparkModel::description() const {
+  const DSparkConfig& c = config_;
+  std::string taps;
+  for (size_t i = 0; i < c.taps.size(); ++i) taps += (i ? ", " : "") + std::to_string(c.taps[i]);
+  return fmt::format(
+      "{} layout DSpark drafter (γ {}, width {}, {} layers, {} heads, r {}, {}confidence head, "
+      "taps [{}])",
+      c.layout == DSparkLayout::kSpecula ? "specula" : "DeepSpec", c.block_size, c.hidden_size,
+      c.num_layers, c.num_heads, c.markov_rank, has_confidence_head() ? "" : "no ", taps);
+}
+
+void DSparkModel::init_after_weights(const std::string& origin) {
+  Backend& be = *backend_;
+  const DSparkConfig& c = config_;
+  const gemma4::Gemma4Config& t = target_->config();
+  if (c.layout == DSparkLayout::kDeepSpec) {
+    for (int i = 0; i < c.num_layers; ++i) {
+      layer_scalars_.push_back(
+          gemma4::read_scalar(be, weights_.layers[static_cast<size_t>(i)].layer_scalar,
+                              fmt::format("{}: layers.{}.layer_scalar", origin, i)));
+    }
+    if (!weights_.embed_tokens.empty()) {
+      embed_scale_ = round_to_dtype(std::sqrt(static_cast<float>(c.hidden_size)),
+                                    weights_.embed_tokens.dtype());
+    }
+  }
+  if (has_confidence_head())
+    confidence_bias_ =
+        gemma4::read_scalar(be, weights_.confidence_bias, origin + ": confidence bias");
+
+  // Constant tables in one buffer: RoPE (DeepSpec) or the block's base rows (specula).
+  const int64_t G = c.block_size, d = c.hidden_size;
+  if (c.layout == DSparkLayout::kDeepSpec) {
+    const HostTensor inv = gemma4::rope_inv_freq(c.text.rope_full, c.head_dim);
+    const_buffer_ = DeviceBuffer(be, inv.view().nbytes());
+    inv_freq_ = const_buffer_.view(DType::kF32, inv.shape());
+    be.upload(inv.view().data(), inv_freq_);
+  } else {
+    // block_base = [block_pos[0] ; mask_embed + block_pos[1:]], widened to f32.
+    const_buffer_ = DeviceBuffer(be, static_cast<size_t>(2 * G * d) * sizeof(float));
+    block_base_ = const_buffer_.view(DType::kF32, {G, d});
+    const Tensor ids = Tensor(static_cast<char*>(const_buffer_.data()) + G * d * sizeof(float),
+                              DType::kI32, {G}, be.device());
+    std::vector<int32_t> iota(static_cast<size_t>(G));
+    for (int64_t j = 0; j < G; ++j) iota[static_cast<size_t>(j)] = static_cast<int32_t>(j);
+    be.upload(iota.data(), ids);
+    be.embedding(weights_.block_pos, ids, 1.0f, block_base_);
+    if (G > 1) {
+      const Tensor rest = block_base_.slice_rows(1, G);
+      // mask_embed rows via embedding of ids 0..G-2 into a scratch of its own.
+      DeviceBuffer tmp(be, static_cast<size_t>((G - 1) * d) * sizeof(float));
+      const Tensor me = tmp.view(DType::kF32, {G - 1, d});
+      be.embedding(weights_.mask_embed, ids.slice_rows(0, G - 1), 1.0f, me);
+      be.add(rest, me, rest);
+      be.synchronize();
+    }
+  }
+
+  // Context-KV caches: every draft layer full, room for the target's context plus a block.
+  ctx_pool_ = std::make_unique<CachingPool>(be);
+  ctx_spec_.max_context = target_->max_context() + G;
+  ctx_spec_.max_rollback = 0;
+  ctx_spec_.backend = &be;
+  ctx_spec_.memory = ctx_pool_.get();
+  for (int i = 0; i < c.num_layers; ++i) {
+    ctx_spec_.layers.push_back(
+        {.owns_cache = true, .n_kv_heads = c.num_kv_heads, .head_dim = c.head_dim, .window = 0});
+  }
+  const int64_t m = static_cast<int64_t>(c.taps.size());
+  int64_t max_width =
+      std::max<int64_t>({m * t.hidden_size, c.hidden_size, c.intermediate_size,
+                         int64_t{c.num_heads} * c.head_dim, c.markov_rank, t.hidden_size});
+  be.reserve_scratch(ctx_spec_.max_context, max_width);
+  commit_ = std::make_unique<CommitScratch>();
+  block_ = std::make_unique<BlockScratch>();
+}
+
+SequenceKv DSparkModel::new_context() const {
+  return SequenceKv(ctx_spec_);
+}
+
+void DSparkModel::commit_context(std::span<const ContextPiece> pieces, const Tensor& taps) {
+  Backend& be = *backend_;
+  const DSparkConfig& c = config_;
+  const int64_t H = target_->config().hidden_size;
+  const int64_t m = static_cast<int64_t>(c.taps.size());
+  if (pieces.empty()) return;
+  if (taps.dtype() != DType::kF32 || taps.rank() != 3 || taps.dim(0) != m || taps.dim(2) != H ||
+      taps.device() != be.device()) {
+    fail("dspark context: taps {} must be f32 [{}, M, {}] on {}", taps.describe(), m, H,
+         be.device().str());
+  }
+  const int64_t M = taps.dim(1);
+  int64_t N = 0;
+  for (const ContextPiece& p : pieces) {
+    SPECULA_CHECK(p.kv != nullptr, "dspark context: a piece has no cache");
+    if (p.position != p.kv->length()) {
+      fail(
+          "dspark context: committed position {} does not follow the context cache's {} "
+          "positions",
+          p.position, p.kv->length());
+    }
+    if (p.count < 1 || p.tap_row < 0 || p.tap_row + p.count > M)
+      fail("dspark context: tap rows [{}, {}) outside the forward's {} tokens", p.tap_row,
+           p.tap_row + p.count, M);
+    p.kv->check_room(p.count + c.block_size);
+    N += p.count;
+  }
+  const int64_t d = c.hidden_size, KVD = int64_t{c.num_kv_heads} * c.head_dim;
+  const bool deepspec = c.layout == DSparkLayout::kDeepSpec;
+  CommitScratch& s = *commit_;
+  carve_into(commit_arena_, be, [&](Arena& a) {
+    s.positions = a.alloc(DType::kI32, {N});
+    s.tt = a.alloc(DType::kF32, {M, m * H});
+    s.cin = a.alloc(DType::kF32, {N, m * H});
+    s.ctx = a.alloc(DType::kF32, {N, d});
+    s.nc = a.alloc(DType::kF32, {N, d});
+    s.k = a.alloc(DType::kF32, {N, KVD});
+    s.v = a.alloc(DType::kF32, {N, KVD});
+  });
+  if (deepspec) {
+    host_idx_.clear();
+    for (const ContextPiece& p : pieces)
+      for (int i = 0; i < p.count; ++i) host_idx_.push_back(static_cast<int32_t>(p.position + i));
+    be.upload_async(host_idx_.data(), s.positions);
+  }
+  // concat_taps: [m, M, H] -> [M, m, H], then each piece's rows.
+  be.transpose01(taps, s.tt.reshape({M, m, H}));
+  int64_t at = 0;
+  for (const ContextPiece& p : pieces) {
+    be.copy(s.tt.slice_rows(p.tap_row, p.tap_row + p.count), s.cin.slice_rows(at, at + p.count));
+    at += p.count;
+  }
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  be.linear(s.cin, weights_.context_proj, s.ctx);
+  be.rms_norm(s.ctx, weights_.context_norm, eps, s.ctx);
+  const int64_t KV = c.num_kv_heads, D = c.head_dim;
+  for (int l = 0; l < c.num_layers; ++l) {
+    const DSparkLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+    if (deepspec) {
+      // k = rope(rms(k_proj(ctx)) · k_norm) at the context positions;
+      // v = rms₀(v_proj(ctx)) (v_proj := k_proj when k_eq_v): attention_inputs'
+      // k/v part in its op order.
+      be.linear(s.ctx, w.k_proj, s.k);
+      if (c.k_eq_v) {
+        be.copy(s.k, s.v);
+      } else {
+        be.linear(s.ctx, w.v_proj, s.v);
+      }
+      const Tensor k3 = s.k.reshape({N, KV, D}), v3 = s.v.reshape({N, KV, D});
+      be.rms_norm(k3, w.k_norm, eps, k3);
+      be.rope(k3, s.positions, inv_freq_);
+      be.rms_norm(v3, Tensor(), eps, v3);
+    } else {
+      be.rms_norm(s.ctx, w.attn_norm, eps, s.nc);
+      const LinearOut outs[2] = {{w.k_proj, s.k}, {w.v_proj, s.v}};
+      be.linear_multi(s.nc, outs);
+    }
+    at = 0;
+    for (const ContextPiece& p : pieces) {
+      p.kv->write_full(l, p.position, s.k.slice_rows(at, at + p.count).reshape({p.count, KV, D}),
+                       s.v.slice_rows(at, at + p.count).reshape({p.count, KV, D}));
+      at += p.count;
+    }
+  }
+  for (const ContextPiece& p : pieces) p.kv->commit(p.count);
+}
+
+void DSparkModel::attend_row(int layer, SequenceKv& kv, const Tensor& q, const Tensor& k,
+                             const Tensor& v, const Tensor& positions, const Tensor& out,
+                             float scale) {
+  // The block's keys go right after the context (never committed: the next
+  // commit overwrites them), so the row attends to one contiguous [ctx; block].
+  const int64_t t = kv.length(), G = q.dim(0);
+  kv.write_full(layer, t, k, v);
+  AttentionParams ap;
+  ap.q = q;
+  ap.k = kv.full_keys(layer, t + G);
+  ap.v = kv.full_values(layer, t + G);
+  ap.out = out;
+  ap.q_positions = positions;
+  ap.k_pos0 = 0;
+  ap.causal = false;  // bidirectional in the block, all of the context
+  ap.window = 0;
+  ap.scale = scale;
+  backend_->attention(ap);
+}
+
+void DSparkModel::run_block(std::span<SequenceKv* const> ctx, const Tensor& anchors) {
+  Backend& be = *backend_;
+  const DSparkConfig& c = config_;
+  const gemma4::Gemma4Config& tc = target_->config();
+  const int64_t B = static_cast<int64_t>(ctx.size()), G = c.block_size, T = B * G;
+  const int64_t H = tc.hidden_size, V = tc.vocab_size, d = c.hidden_size;
+  const int64_t NhD = int64_t{c.num_heads} * c.head_dim, KVD = int64_t{c.num_kv_heads} * c.head_dim;
+  const bool deepspec = c.layout == DSparkLayout::kDeepSpec;
+  SPECULA_CHECK(B > 0, "dspark block: no rows");
+  if (anchors.dtype() != DType::kI32 || anchors.shape() != Shape{B} ||
+      anchors.device() != be.device()) {
+    fail("dspark block: anchors {} must be i32 [{}] on {}", anchors.describe(), B,
+         be.device().str());
+  }
+  for (SequenceKv* kv : ctx) {
+    SPECULA_CHECK(kv != nullptr, "dspark block: a row has no context cache");
+    kv->check_room(G);
+  }
+  BlockScratch& s = *block_;
+  carve_into(block_arena_, be, [&](Arena& a) {
+    s.inputs = a.alloc(DType::kI32, {2 * T});
+    s.ids_src = a.alloc(DType::kI32, {B + 1});
+    s.ids = a.alloc(DType::kI32, {T});
+    s.er = a.alloc(DType::kF32, {B, H});
+    s.tp = a.alloc(DType::kF32, {B, d});
+    s.x = a.alloc(DType::kF32, {T, d});
+    s.xn = a.alloc(DType::kF32, {T, d});
+    s.o = a.alloc(DType::kF32, {T, d});
+    s.q = a.alloc(DType::kF32, {T, NhD});
+    s.attn = a.alloc(DType::kF32, {T, NhD});
+    s.k = a.alloc(DType::kF32, {T, KVD});
+    s.v = a.alloc(DType::kF32, {T, KVD});
+    s.gate = a.alloc(DType::kF32, {T, c.intermediate_size});
+    s.up = a.alloc(DType::kF32, {T, c.intermediate_size});
+    s.h = a.alloc(DType::kF32, {T, d});
+    s.hout = a.alloc(DType::kF32, {T, H});
+    s.U = a.alloc(DType::kF32, {T, V});
+    s.hconf = a.alloc(DType::kF32, {T, 1});
+  });
+  s.positions = s.inputs.slice_rows(0, T);
+  s.gidx = s.inputs.slice_rows(T, 2 * T);
+  host_idx_.resize(static_cast<size_t>(2 * T + 1));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t j = 0; j < G; ++j) {
+      host_idx_[static_cast<size_t>(b * G + j)] = static_cast<int32_t>(ctx[b]->length() + j);
+      host_idx_[static_cast<size_t>(T + b * G + j)] =
+          static_cast<int32_t>(deepspec ? (j == 0 ? b : B) : j);
+    }
+  }
+  host_idx_[static_cast<size_t>(2 * T)] = c.mask_token_id;
+  be.upload_async(host_idx_.data(), s.inputs);
+
+  if (deepspec) {
+    // ids = [anchor, mask × (γ−1)] per row, gathered from [anchors ; mask].
+    be.copy(anchors, s.ids_src.slice_rows(0, B));
+    be.upload_async(host_idx_.data() + 2 * T, s.ids_src.slice_rows(B, B + 1));
+    be.gather_rows(s.ids_src, s.gidx, s.ids);
+    if (weights_.embed_tokens.empty()) {
+      target_->embed_scaled(s.ids, s.x);
+    } else {
+      be.embedding(weights_.embed_tokens, s.ids, embed_scale_, s.x);
+    }
+    deepspec_layers(ctx);
+  } else {
+    // X_0 = token_proj(E_raw[anchor]) + block_pos[0]; X_j = mask_embed[j−1] + block_pos[j].
+    target_->embed_raw(anchors, s.er);
+    be.linear(s.er, weights_.token_proj, s.tp);
+    be.gather_rows(block_base_, s.gidx, s.x);
+    for (int64_t b = 0; b < B; ++b) {
+      const Tensor x0 = s.x.slice_rows(b * G, b * G + 1);
+      be.add(x0, s.tp.slice_rows(b, b + 1), x0);
+    }
+    specula_layers(ctx);
+  }
+
+  // Heads' inputs: h = rms(X; out_norm), U, and the confidence head's h term.
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  be.rms_norm(s.x, weights_.out_norm, eps, s.h);
+  if (deepspec) {
+    if (weights_.lm_head.empty()) {
+      target_->logits_from_hidden(s.h, s.U);
+    } else {
+      be.linear(s.h, weights_.lm_head, s.U);
+      if (tc.final_logit_softcapping)
+        be.softcap(s.U, static_cast<float>(*tc.final_logit_softcapping), s.U);
+    }
+  } else {
+    be.linear(s.h, weights_.out_proj, s.hout);
+    target_->logits_from_hidden(s.hout, s.U);
+  }
+  if (has_confidence_head()) {
+    const Tensor w_h(weights_.confidence_weight.data(), weights_.confidence_weight.dtype(), {1, d},
+                     be.device());
+    be.linear(s.h, w_h, s.hconf);
+  }
+  U_ = s.U;
+  h_ = s.h;
+  hconf_ = s.hconf;
+  block_rows_ = B;
+}
+
+void DSparkModel::specula_layers(std::span<SequenceKv* const> ctx) {
+  Backend& be = *backend_;
+  const DSparkConfig& c = config_;
+  BlockScratch& s = *block_;
+  const int64_t G = c.block_size, n = c.num_heads, hd = c.head_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int l = 0; l < c.num_layers; ++l) {
+    const DSparkLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+    be.rms_norm(s.x, w.attn_norm, eps, s.xn);
+    const LinearOut outs[3] = {{w.q_proj, s.q}, {w.k_proj, s.k}, {w.v_proj, s.v}};
+    be.linear_multi(s.xn, outs);
+    for (size_t b = 0; b < ctx.size(); ++b) {
+      const int64_t r0 = static_cast<int64_t>(b) * G, r1 = r0 + G;
+      attend_row(l, *ctx[b], s.q.slice_rows(r0, r1).reshape({G, n, hd}),
+                 s.k.slice_rows(r0, r1).reshape({G, n, hd}),
+                 s.v.slice_rows(r0, r1).reshape({G, n, hd}), s.positions.slice_rows(r0, r1),
+                 s.attn.slice_rows(r0, r1).reshape({G, n, hd}), scale);
+    }
+    be.linear(s.attn, w.o_proj, s.o);
+    be.add(s.x, s.o, s.x);
+    be.rms_norm(s.x, w.ffn_norm, eps, s.xn);
+    be.linear_gelu_mul(s.xn, w.gate_proj, w.up_proj, s.gate, s.up);
+    be.linear(s.gate, w.down_proj, s.o);
+    be.add(s.x, s.o, s.x);
+  }
+}
+
+void DSparkModel::deepspec_layers(std::span<SequenceKv* const> ctx) {
+  Backend& be = *backend_;
+  const DSparkConfig& c = config_;
+  BlockScratch& s = *block_;
+  const int64_t G = c.block_size, T = s.x.dim(0);
+  const int64_t Nh = c.num_heads, KV = c.num_kv_heads, D = c.head_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const DSparkLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+    be.rms_norm(s.x, w.input_layernorm, eps, s.xn);
+    if (c.k_eq_v) {
+      const LinearOut outs[2] = {{w.q_proj, s.q}, {w.k_proj, s.k}};
+      be.linear_multi(s.xn, outs);
+    } else {
+      const LinearOut outs[3] = {{w.q_proj, s.q}, {w.k_proj, s.k}, {w.v_proj, s.v}};
+      be.linear_multi(s.xn, outs);
+    }
+    AttentionInputsParams in;
+    in.q = s.q.reshape({T, Nh, D});
+    in.q_norm = w.q_norm;
+    in.k = s.k.reshape({T, KV, D});
+    in.k_norm = w.k_norm;
+    in.v = s.v.reshape({T, KV, D});
+    in.v_from_k = c.k_eq_v;
+    in.positions = s.positions;
+    in.inv_freq = inv_freq_;
+    in.eps = eps;
+    be.attention_inputs(in);
+    for (size_t b = 0; b < ctx.size(); ++b) {
+      const int64_t r0 = static_cast<int64_t>(b) * G, r1 = r0 + G;
+      attend_row(l, *ctx[b], s.q.slice_rows(r0, r1).reshape({G, Nh, D}),
+                 s.k.slice_rows(r0, r1).reshape({G, KV, D}),
+                 s.v.slice_rows(r0, r1).reshape({G, KV, D}), s.positions.slice_rows(r0, r1),
+                 s.attn.slice_rows(r0, r1).reshape({G, Nh, D}), 1.0f);
+    }
+    be.linear(s.attn, w.o_proj, s.o);
+    be.rms_norm_add(s.o, w.post_attention_layernorm, eps, s.x, 1.0f);
+    be.rms_norm(s.x, w.pre_feedforward_layernorm, eps, s.xn);
+    be.linear_gelu_mul(s.xn, w.gate_proj, w.up_proj, s.gate, s.up);
+    be.linear(s.gate, w.down_proj, s.o);
+    be.rms_norm_add(s.o, w.post_feedforward_layernorm, eps, s.x,
+                    layer_scalars_[static_cast<size_t>(l)]);
+  }
+}
+
+Tensor DSparkModel::head_step(int slot, std::span<const int32_t> u_rows, const Tensor& prev,
+                              const Tensor& confidence) {
+  Backend& be = *backend_;
+  const DSparkConfig& c = config_;
+  const int64_t Bk = static_cast<int64_t>(u_rows.size()), G = c.block_size;
+  const int64_t V = target_->config().vocab_size, r = c.markov_rank, d = c.hidden_size;
+  SPECULA_CHECK(!U_.empty(), "dspark head step before any block");
+  SPECULA_CHECK(slot >= 0 && slot < G, "dspark head step: slot {} outside [0, {})", slot, G);
+  SPECULA_CHECK(Bk > 0 && Bk <= block_rows_, "dspark head step: {} rows of a block of {}", Bk,
+                block_rows_);
+  for (int32_t u : u_rows) {
+    SPECULA_CHECK(u >= 0 && u < block_rows_ * G, "dspark head step: base row {} outside [0, {})", u,
+                  block_rows_ * G);
+  }
+  if (prev.dtype() != DType::kI32 || prev.shape() != Shape{Bk} || prev.device() != be.device()) {
+    fail("dspark head step: prev tokens {} must be i32 [{}] on {}", prev.describe(), Bk,
+         be.device().str());
+  }
+  if (Bk > step_idx_rows_) {
+    // Grown only for more rows than before (never in steady state); slots of
+    // earlier steps of this round were consumed in queue order already.
+    step_idx_rows_ = std::max<int64_t>(Bk, block_rows_);
+    step_idx_ = DeviceBuffer(be, static_cast<size_t>(G * step_idx_rows_) * sizeof(int32_t));
+  }
+  const Tensor idx(static_cast<int32_t*>(step_idx_.data()) + slot * step_idx_rows_, DType::kI32,
+                   {Bk}, be.device());
+  be.upload_async(u_rows.data(), idx);
+  const bool conf = has_confidence_head() && !confidence.empty();
+  if (conf && Bk > bias_rows_n_) {
+    bias_rows_n_ = std::max<int64_t>(Bk, block_rows_);
+    bias_rows_ = DeviceBuffer(be, static_cast<size_t>(bias_rows_n_) * sizeof(float));
+    const std::vector<float> host(static_cast<size_t>(bias_rows_n_), confidence_bias_);
+    be.upload(host.data(), bias_rows_.view(DType::kF32, {bias_rows_n_}));
+  }
+  Tensor logits, bias, e, ec;
+  carve_into(step_arena_, be, [&](Arena& a) {
+    logits = a.alloc(DType::kF32, {Bk, V});
+    if (r > 0) {
+      bias = a.alloc(DType::kF32, {Bk, V});
+      e = a.alloc(DType::kF32, {Bk, r});
+    }
+    ec = a.alloc(DType::kF32, {Bk, 1});
+  });
+  be.gather_rows(U_, idx, logits);
+  if (r > 0) {
+    // logits = U_k + W1[prev]·W2ᵀ
+    be.embedding(weights_.markov_w1, prev, 1.0f, e);
+    be.linear(e, weights_.markov_w2, bias);
+    be.add(logits, bias, logits);
+  }
+  if (conf) {
+    if (confidence.dtype() != DType::kF32 || confidence.numel() != Bk)
+      fail("dspark head step: confidence {} must be f32 [{}]", confidence.describe(), Bk);
+    const Tensor out = confidence.reshape({Bk, 1});
+    be.gather_rows(hconf_, idx, out);
+    if (c.confidence_with_markov && r > 0) {
+      const Tensor w_e(static_cast<char*>(weights_.confidence_weight.data()) +
+                           static_cast<size_t>(d) * dtype_size(weights_.confidence_weight.dtype()),
+                       weights_.confidence_weight.dtype(), {1, r}, be.device());
+      be.linear(e, w_e, ec);
+      be.add(out, ec, out);
+    }
+    be.add(out, bias_rows_.view(DType::kF32, {Bk, 1}), out);
+  }
+  return logits;
+}
+
+void DSparkModel::save(const std::string& dir) const {
+  if (config_.layout != DSparkLayout::kSpecula)
+    fail("{}: only the specula layout is saved (this drafter is DeepSpec-layout)", dir);
+  std::filesystem::create_directories(dir);
+  // A table over a copy of the weights: its fields hold the live tensors.
+  DSparkWeights live_weights = weights_;
+  io::WeightTable table;
+  declare_dspark_weights(config_, target_->config().hidden_size, target_->config().vocab_size,
+                         &live_weights, &table);
+  std::vector<HostTensor> host;
+  std::vector<io::NamedTensor> out;
+  host.reserve(table.entries().size());
+  for (const io::WeightTable::Entry& e : table.entries()) {
+    const Tensor* live = e.field;
+    SPECULA_CHECK(!live->empty(), "save: no weight for {}", e.name);
+    host.emplace_back(live->dtype(), live->shape());
+    backend_->download(*live, host.back().view().data());
+    out.push_back({e.name, host.back().view()});
+  }
+  io::write_safetensors(dir + "/model.safetensors", out);
+  std::ofstream f(dir + "/" + kSpeculaConfigFile);
+  f << specula_dspark_json(config_).dump(2) << "\n";
+  if (!f) fail("{}: cannot write {}", dir, kSpeculaConfigFile);
+}
+
+}  // namespace specula::dspark
