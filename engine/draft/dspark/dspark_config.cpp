@@ -105,27 +105,24 @@ const char* layout_name(DSparkLayout l) {
 
 }  // namespace
 
+std::string target_identity_text(const gemma4::Gemma4Config& t) {
+  std::string types;
+  for (const gemma4::LayerSpec& l : t.layers) {
+    if (!types.empty()) types += ',';
+    types += l.type == gemma4::LayerType::kSliding ? "sliding_attention" : "full_attention";
+  }
+  const std::string cap =
+      t.final_logit_softcapping ? fmt::format("{:g}", *t.final_logit_softcapping) : "none";
+  return fmt::format(
+      "gemma4-target-v1;hidden_size={};num_hidden_layers={};vocab_size={};intermediate_size={};"
+      "num_attention_heads={};num_key_value_heads={};head_dim={};sliding_window={};"
+      "final_logit_softcapping={};layer_types={}",
+      t.hidden_size, t.num_hidden_layers, t.vocab_size, t.intermediate_size, t.num_attention_heads,
+      t.num_key_value_heads, t.head_dim, t.sliding_window, cap, types);
+}
+
 std::string target_config_hash(const gemma4::Gemma4Config& t) {
-  json j;
-  j["attention_k_eq_v"] = t.attention_k_eq_v;
-  j["final_logit_softcapping"] =
-      t.final_logit_softcapping ? json(*t.final_logit_softcapping) : json(nullptr);
-  j["global_head_dim"] = t.global_head_dim;
-  j["head_dim"] = t.head_dim;
-  j["hidden_size"] = t.hidden_size;
-  j["hidden_size_per_layer_input"] = t.hidden_size_per_layer_input;
-  j["intermediate_size"] = t.intermediate_size;
-  json types = json::array();
-  for (const gemma4::LayerSpec& l : t.layers)
-    types.push_back(l.type == gemma4::LayerType::kSliding ? "sliding_attention" : "full_attention");
-  j["layer_types"] = types;
-  j["num_attention_heads"] = t.num_attention_heads;
-  j["num_hidden_layers"] = t.num_hidden_layers;
-  j["num_key_value_heads"] = t.num_key_value_heads;
-  j["num_kv_shared_layers"] = t.num_kv_shared_layers;
-  j["sliding_window"] = t.sliding_window;
-  j["vocab_size"] = t.vocab_size;
-  return sha256_hex(j.dump());  // nlohmann objects keep their keys sorted
+  return sha256_hex(target_identity_text(t));
 }
 
 DSparkTargetId target_id_of(const gemma4::Gemma4Config& t) {

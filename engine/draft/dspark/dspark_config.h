@@ -67,14 +67,12 @@ DSparkConfig parse_deepspec_dspark_config(const nlohmann::json& root, const std:
 // The specula layout's dspark.json for `c` (save()), target fields included.
 nlohmann::json specula_dspark_json(const DSparkConfig& c);
 
-// sha256 (lower-case hex) of the target's canonical config: the compact JSON,
-// keys sorted, of {attention_k_eq_v, final_logit_softcapping (null when off),
-// global_head_dim, head_dim, hidden_size, hidden_size_per_layer_input,
-// intermediate_size, layer_types ("sliding_attention"/"full_attention" per
-// layer), num_attention_heads, num_hidden_layers, num_key_value_heads,
-// num_kv_shared_layers, sliding_window, vocab_size} — integers and booleans
-// only besides the cap, so that Python's json.dumps(sort_keys=True,
-// separators=(",", ":")) gives the same bytes.
+// The target's identity text (docs/dspark.md, "Checkpoints"): a fixed list
+// of the fields a drafter's taps and head depend on, built from the parsed
+// config so that any loader (and tools/golden/make_dspark_golden.py) rebuilds
+// it: "gemma4-target-v1;hidden_size=…;…;final_logit_softcapping=30;layer_types=…".
+std::string target_identity_text(const gemma4::Gemma4Config& target);
+// sha256 (hex) of target_identity_text(): dspark.json's target.config_hash.
 std::string target_config_hash(const gemma4::Gemma4Config& target);
 // The target identity of `target` as a specula checkpoint records it.
 DSparkTargetId target_id_of(const gemma4::Gemma4Config& target);
