@@ -19,6 +19,9 @@
 // window without coming back, and the round ends in ONE readback of all drafts
 // and the target's ids (uploads are queued without waiting).
 // RoundModes::host_rounds reads the drafts back every step instead (A/B runs).
+// A drafter that prunes (Drafter::draft_lengths) cuts each row's drafts after
+// the last step; the verify window is planned after that, and the drafter's
+// own readback (its confidences) is the round's second.
 //
 // Every other batch (rows sampled or with penalties, with no drafter or one
 // that takes device inputs) samples on the backend too: the drafts' q and the
