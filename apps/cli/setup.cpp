@@ -226,6 +226,7 @@ std::string summary_line(const speculative::DecodeStats& s, bool speculative) {
   if (speculative) {
     line += fmt::format(" | drafted {}, accepted {} ({:.1f}%), tau {:.2f}", s.drafted, s.accepted,
                         100.0 * s.acceptance_rate(), s.mean_accepted_length());
+    if (s.pruned > 0) line += fmt::format(", pruned {}", s.pruned);
   }
   return line;
 }
@@ -243,6 +244,7 @@ nlohmann::json stats_json(const speculative::DecodeStats& s, bool speculative) {
     j["rounds"] = s.rounds;
     j["drafted"] = s.drafted;
     j["accepted"] = s.accepted;
+    j["pruned"] = s.pruned;
     j["acceptance_rate"] = s.acceptance_rate();
     j["mean_accepted_length"] = s.mean_accepted_length();
     nlohmann::json by_pos = nlohmann::json::array();

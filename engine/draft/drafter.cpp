@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "engine/draft/drafter.h"
 
+#include <algorithm>
+
 #include "engine/core/error.h"
 
 namespace specula {
@@ -15,6 +17,11 @@ Tensor Drafter::step_on_device(int step_index, std::span<const DraftRow> /*rows*
 
 int Drafter::propose(const DraftRow& /*row*/, std::span<int32_t> /*out*/) {
   fail("this drafter proposes no token ids (proposes_tokens() is false)");
+}
+
+void Drafter::draft_lengths(std::span<const DraftRow> /*rows*/, std::span<const int> drafted,
+                            std::span<int> keep) {
+  std::copy(drafted.begin(), drafted.end(), keep.begin());
 }
 
 }  // namespace specula

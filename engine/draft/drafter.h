@@ -89,6 +89,24 @@ class Drafter {
   // still hold. Queues device work without waiting for it where it can.
   virtual Tensor step_on_device(int step_index, std::span<const DraftRow> rows,
                                 const DraftDeviceInputs& inputs);
+  // Whether draft_lengths() may cut drafts (confidence pruning). Default: no.
+  virtual bool prunes() const { return false; }
+  // Called when prunes(), once per round that drafted, after its last draft
+  // step (never for token proposers): `rows` are the round's step-0 rows, in
+  // order, as step 0 got them; drafted[i] is how many drafts row i made. The
+  // drafter writes keep[i] in [min(1, drafted[i]), drafted[i]]: the engine
+  // verifies drafts 0 .. keep[i]-1 of row i and drops the rest (they are
+  // never redrawn, so the verified window is a prefix of the drafted one);
+  // a value outside the range is an Error. It may read back from its device
+  // once (e.g. its confidences). keep[i] must depend only on row i's own data
+  // and drafts, so that a request's output never depends on its neighbours;
+  // and, for sampled rows to stay exact, whether draft j is kept may depend on
+  // the drafts before j but not on draft j or later ones (a stopping rule:
+  // keeping d_j because of its value would bias the accept test that judges
+  // it against q). Greedy rows are exact whatever is kept. Default: keeps
+  // all.
+  virtual void draft_lengths(std::span<const DraftRow> rows, std::span<const int> drafted,
+                             std::span<int> keep);
 };
 
 }  // namespace specula

@@ -19,6 +19,9 @@
 // window without coming back, and the round ends in ONE readback of all drafts
 // and the target's ids (uploads are queued without waiting).
 // RoundModes::host_rounds reads the drafts back every step instead (A/B runs).
+// A drafter that prunes (Drafter::draft_lengths) cuts each row's drafts after
+// the last step; the verify window is planned after that, and the drafter's
+// own readback (its confidences) is the round's second.
 //
 // Every other batch (rows sampled or with penalties, with no drafter or one
 // that takes device inputs) samples on the backend too: the drafts' q and the
@@ -89,8 +92,11 @@ struct DecodeStats {
   int64_t generated_tokens = 0;
   int64_t target_forwards = 0;  // prefill + one per round
   int64_t rounds = 0;           // verify rounds (plain decode steps count as rounds with k = 0)
+  // Drafts verified and accepted; drafted_at / accepted_at and the round
+  // counts below count verified drafts too.
   int64_t drafted = 0;
   int64_t accepted = 0;
+  int64_t pruned = 0;  // drafts the drafter cut before verification (Drafter::draft_lengths)
   std::vector<int64_t> drafted_at, accepted_at;  // per draft position (0 = first draft)
   std::vector<int32_t> round_drafted,
       round_accepted;  // per verify round, in order (one request only)

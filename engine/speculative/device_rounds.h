@@ -39,8 +39,10 @@ struct DeviceRounds {
   // i32 [pending: B | draft step s: B each, max_k of them | verify ids: B·(max_k+1) |
   //      accepted (sampling): B × {n, next}]
   DeviceBuffer ids;
-  // i32 [hidden rows: B | verify gather: B·(max_k+1) | step s token gather: B each |
+  // i32 [hidden rows: B | step s token gather: B each | verify gather: B·(max_k+1) |
   //      q rows of the window (sampling): B·(max_k+1) | window row offsets: B + 1]
+  // The draft steps read [0, window_idx_at()), the verify window the rest
+  // (planned after the drafts when the drafter prunes).
   DeviceBuffer idx;
   // i32 [verify tokens: B·(max_k+1) | step s tokens: B each]
   DeviceBuffer gathered;
@@ -78,12 +80,14 @@ struct DeviceRounds {
   int64_t ids_size() const { return B + max_k * B + verify_cap() + 2 * B; }
   int64_t idx_size() const { return B + verify_cap() + max_k * B + verify_cap() + B + 1; }
   int64_t sample_rows() const { return max_k * B + verify_cap(); }
-  int64_t draft_at(int64_t s) const { return B + s * B; }              // in ids
-  int64_t verify_at() const { return B + max_k * B; }                  // in ids
-  int64_t accepted_at() const { return verify_at() + verify_cap(); }   // in ids
-  int64_t q_rows_at() const { return B + verify_cap() + max_k * B; }   // in idx
-  int64_t row_begin_at() const { return q_rows_at() + verify_cap(); }  // in idx
-  int64_t window_at() const { return max_k * B; }                      // in uniforms / params
+  int64_t draft_at(int64_t s) const { return B + s * B; }               // in ids
+  int64_t verify_at() const { return B + max_k * B; }                   // in ids
+  int64_t accepted_at() const { return verify_at() + verify_cap(); }    // in ids
+  int64_t token_gather_at(int64_t s) const { return B + s * B; }        // in idx
+  int64_t window_idx_at() const { return B + max_k * B; }               // in idx
+  int64_t q_rows_at() const { return window_idx_at() + verify_cap(); }  // in idx
+  int64_t row_begin_at() const { return q_rows_at() + verify_cap(); }   // in idx
+  int64_t window_at() const { return max_k * B; }                       // in uniforms / params
   static Tensor slice(const DeviceBuffer& buf, int64_t total, int64_t at, int64_t n) {
     return buf.view(DType::kI32, {total}).slice_rows(at, at + n);
   }
@@ -111,10 +115,12 @@ struct DeviceRounds {
     host_uniforms[static_cast<size_t>(at)] = static_cast<int64_t>(rng.uniform_bits());
     host_params[static_cast<size_t>(at)] = rs;
   }
-  // Uploads the round's uniforms and row parameters (sampling).
-  void upload_sampling(Backend& be) const {
-    be.upload_async(host_uniforms.data(), uniforms_slice(0, sample_rows()));
-    be.upload_async(host_params.data(), params_slice(0, sample_rows()));
+  // Uploads the round's uniforms and row parameters (sampling): rows [at, at + n)
+  // of their sections (default: all).
+  void upload_sampling(Backend& be, int64_t at = 0, int64_t n = -1) const {
+    if (n < 0) n = sample_rows() - at;
+    be.upload_async(host_uniforms.data() + at, uniforms_slice(at, n));
+    be.upload_async(host_params.data() + at, params_slice(at, n));
   }
 
   // Penalties on the device. Each round stages one list per active row (its
@@ -194,16 +200,27 @@ struct DeviceRounds {
   }
   // The staged lists and rows, queued for upload; the next round stages anew.
   void upload_penalties(Backend& be) {
+    upload_penalty_lists(be);
+    upload_penalty_rows(be, 0, sample_rows());
+  }
+  // The two halves of upload_penalties: the lists, and penalty rows [at, at + n)
+  // (a pruning round uploads the window's rows after its drafts).
+  void upload_penalty_lists(Backend& be) {
     const int64_t entries = host_pen_begin[static_cast<size_t>(pen_lists)];
     be.upload_async(host_pen_begin.data(), pen_begin.view(DType::kI32, {pen_lists + 1}));
     if (entries > 0) {
       be.upload_async(host_pen_tokens.data(), pen_tokens.view(DType::kI32, {entries}));
       be.upload_async(host_pen_counts.data(), pen_counts.view(DType::kI32, {entries}));
     }
-    be.upload_async(host_pen_params.data(), pen_params.view(DType::kF32, {sample_rows(), 3}));
-    be.upload_async(host_pen_row_list.data(), pen_row_list.view(DType::kI32, {sample_rows()}));
+  }
+  void upload_penalty_rows(Backend& be, int64_t at, int64_t n) {
+    be.upload_async(host_pen_params.data() + at * 3,
+                    pen_params.view(DType::kF32, {sample_rows(), 3}).slice_rows(at, at + n));
+    be.upload_async(host_pen_row_list.data() + at,
+                    pen_row_list.view(DType::kI32, {sample_rows()}).slice_rows(at, at + n));
     if (max_k > 0) {
-      be.upload_async(host_pen_extras.data(), pen_extras.view(DType::kI32, {sample_rows(), max_k}));
+      be.upload_async(host_pen_extras.data() + at * max_k,
+                      pen_extras.view(DType::kI32, {sample_rows(), max_k}).slice_rows(at, at + n));
     }
   }
   // The penalty step of `logits`, whose rows are penalty rows [at, at + rows).

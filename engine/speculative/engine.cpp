@@ -104,6 +104,11 @@ void Engine::State::configure() {
   prefill_rows.reserve(static_cast<size_t>(max_rows));
   prefill_take.reserve(static_cast<size_t>(max_rows));
   draft_at_ids.reserve(static_cast<size_t>(max_k));
+  row_pen_list.reserve(static_cast<size_t>(max_rows));
+  prune_rows.reserve(static_cast<size_t>(max_rows));
+  prune_owner.reserve(static_cast<size_t>(max_rows));
+  prune_drafted.reserve(static_cast<size_t>(max_rows));
+  prune_keep.reserve(static_cast<size_t>(max_rows));
   lp_owner.reserve(static_cast<size_t>(lp_cap()));
   lp_rows.reserve(static_cast<size_t>(lp_cap()));
   lp_ids.reserve(static_cast<size_t>(lp_cap()));
@@ -748,18 +753,24 @@ void Engine::State::run_round() {
   for (Row* r : active) round_k = std::max(round_k, r->k_round);
   if (m.use_dev) device_rounds(m, active);
   prepare_round_hiddens(m.use_dev);
-  if (!m.use_dev) {
-    for (Row* r : active) {
-      if (r->request.params.greedy()) continue;
-      r->round_u.clear();
-      for (int j = 0; j < 2 * r->k_round + 1; ++j) r->round_u.push_back(r->rng.uniform());
-    }
-  }
+  // A pruning drafter cuts the drafts before the window is planned: device
+  // rounds then upload their plan in two parts, around the draft steps.
+  const bool prune = round_k > 0 && drafter->prunes() && !drafter->proposes_tokens();
   if (m.use_dev) {
-    plan_device_round(round_k);
+    plan_draft_steps(round_k);
+    if (!prune) plan_window();
+    upload_plan(prune ? PlanPart::kDraftSteps : PlanPart::kWhole);
     draft_on_device(round_k);
-  } else if (drafter && !drafter->proposes_tokens()) {
-    draft_on_host(m);
+    if (prune) {
+      prune_drafts(/*dev_round=*/true);
+      plan_window();
+      upload_plan(PlanPart::kWindow);
+    }
+  } else {
+    draw_round_uniforms(/*window=*/false);
+    if (drafter && !drafter->proposes_tokens()) draft_on_host(m);
+    if (prune) prune_drafts(/*dev_round=*/false);
+    draw_round_uniforms(/*window=*/true);
   }
   accept(verify(m), m);
 }

@@ -9,19 +9,18 @@
 
 namespace specula::speculative {
 
-// Device rounds: where every step's tokens come from (uploaded once), the
-// verify window's gather, the window rows' q rows and offsets, and for
-// sampling rows their uniforms (and penalty lists) in the fixed order.
-void Engine::State::plan_device_round(int round_k) {
+// Device rounds, the draft steps' part of the plan: where every step's
+// tokens come from, step 0's hidden rows, and for sampling rows their draft
+// uniforms (and penalty lists and draft penalty rows), one per draft.
+void Engine::State::plan_draft_steps(int round_k) {
   DeviceRounds& d = *dev;
-  int32_t* hidden_rows = d.host_idx.data();          // [B]
-  int32_t* verify_idx = hidden_rows + d.B;           // [B·(max_k+1)]
-  int32_t* token_idx = verify_idx + d.verify_cap();  // [max_k, B]
+  int32_t* hidden_rows = d.host_idx.data();  // [B]
   const auto mk = static_cast<size_t>(max_k);
   row_slots.assign(active.size() * mk, -1);
   step_rows.assign(static_cast<size_t>(round_k), 0);
   d.pen_lists = 0;
   for (int s = 0; s < round_k; ++s) {
+    int32_t* token_idx = d.host_idx.data() + d.token_gather_at(s);  // [B]
     int32_t n = 0;
     for (size_t a = 0; a < active.size(); ++a) {
       const Row& r = *active[a];
@@ -29,19 +28,51 @@ void Engine::State::plan_device_round(int round_k) {
       // Where this row's step-s token sits in `ids`: its pending token, or its
       // step s-1 draft.
       const size_t at = a * mk;
-      token_idx[s * d.B + n] = static_cast<int32_t>(
-          s == 0 ? static_cast<int64_t>(a) : d.draft_at(s - 1) + row_slots[at + s - 1]);
+      token_idx[n] = static_cast<int32_t>(s == 0 ? static_cast<int64_t>(a)
+                                                 : d.draft_at(s - 1) + row_slots[at + s - 1]);
       if (s == 0) hidden_rows[n] = static_cast<int32_t>(r.hidden_index);
       row_slots[at + static_cast<size_t>(s)] = n++;
     }
     step_rows[static_cast<size_t>(s)] = n;
   }
-  int32_t* q_rows = d.host_idx.data() + d.q_rows_at();        // [B·(max_k+1)]
-  int32_t* row_begin = d.host_idx.data() + d.row_begin_at();  // [B + 1]
-  int64_t m = 0;
+  row_pen_list.assign(active.size(), 0);
   for (size_t a = 0; a < active.size(); ++a) {
     Row& r = *active[a];
     d.host_pending[a] = r.pending;
+    if (!d.sampling) continue;
+    // The round's uniforms come from the row's stream in a fixed order: one
+    // per draft here, then one per window row (plan_window).
+    const RowSampling rs = row_sampling_of(r.request.params);
+    for (int j = 0; j < r.k_round; ++j) {
+      d.stage_sample(j * d.B + row_slots[a * mk + static_cast<size_t>(j)], r.rng, rs);
+    }
+    if (!d.penalties()) continue;
+    // Draft step j sees the history and d1..dj.
+    row_pen_list[a] =
+        d.stage_list(r.penalty_list, r.history, r.request.prompt.size(), r.request.params);
+    draft_at_ids.clear();
+    for (int j = 0; j < r.k_round; ++j) {
+      const int64_t slot = row_slots[a * mk + static_cast<size_t>(j)];
+      d.stage_penalty_row(j * d.B + slot, row_pen_list[a], r.request.params, draft_at_ids);
+      draft_at_ids.push_back(static_cast<int32_t>(d.draft_at(j) + slot));
+    }
+  }
+}
+
+// Device rounds, the verify window's part of the plan (after pruning, when
+// the drafter prunes): the window's gather of [pending, d1..dk] per row (k =
+// k_round), the window rows' q rows and row offsets, and for sampling rows
+// one uniform per window row (the accept tests, and last the replacement or
+// bonus token) and the window penalty rows.
+void Engine::State::plan_window() {
+  DeviceRounds& d = *dev;
+  int32_t* verify_idx = d.host_idx.data() + d.window_idx_at();  // [B·(max_k+1)]
+  int32_t* q_rows = d.host_idx.data() + d.q_rows_at();          // [B·(max_k+1)]
+  int32_t* row_begin = d.host_idx.data() + d.row_begin_at();    // [B + 1]
+  const auto mk = static_cast<size_t>(max_k);
+  int64_t m = 0;
+  for (size_t a = 0; a < active.size(); ++a) {
+    Row& r = *active[a];
     row_begin[a] = static_cast<int32_t>(m);
     q_rows[m] = 0;  // the pending token is no draft
     verify_idx[m++] = static_cast<int32_t>(a);
@@ -52,31 +83,46 @@ void Engine::State::plan_device_round(int round_k) {
       ++m;
     }
     if (!d.sampling) continue;
-    // The round's uniforms, drawn from the row's stream in a fixed order: one
-    // per draft, then one per window row (accept tests, and the last for the
-    // replacement or bonus token).
     const RowSampling rs = row_sampling_of(r.request.params);
-    for (int j = 0; j < r.k_round; ++j) {
-      d.stage_sample(j * d.B + row_slots[a * mk + static_cast<size_t>(j)], r.rng, rs);
-    }
     for (int64_t w = row_begin[a]; w < m; ++w) d.stage_sample(d.window_at() + w, r.rng, rs);
     if (!d.penalties()) continue;
-    // Draft step j and window row j see the history and d1..dj.
-    const int32_t list =
-        d.stage_list(r.penalty_list, r.history, r.request.prompt.size(), r.request.params);
+    // Window row j sees the history and d1..dj.
     draft_at_ids.clear();
     for (int j = 0; j <= r.k_round; ++j) {
-      const int64_t slot = j < r.k_round ? row_slots[a * mk + static_cast<size_t>(j)] : 0;
-      if (j < r.k_round) d.stage_penalty_row(j * d.B + slot, list, r.request.params, draft_at_ids);
-      d.stage_penalty_row(d.window_at() + row_begin[a] + j, list, r.request.params, draft_at_ids);
-      if (j < r.k_round) draft_at_ids.push_back(static_cast<int32_t>(d.draft_at(j) + slot));
+      d.stage_penalty_row(d.window_at() + row_begin[a] + j, row_pen_list[a], r.request.params,
+                          draft_at_ids);
+      if (j < r.k_round) {
+        draft_at_ids.push_back(
+            static_cast<int32_t>(d.draft_at(j) + row_slots[a * mk + static_cast<size_t>(j)]));
+      }
     }
   }
   row_begin[active.size()] = static_cast<int32_t>(m);
-  be.upload_async(d.host_pending.data(), d.ids_slice(0, static_cast<int64_t>(active.size())));
-  be.upload_async(d.host_idx.data(), d.idx_slice(0, d.idx_size()));
-  if (d.sampling) d.upload_sampling(be);
-  if (d.penalties()) d.upload_penalties(be);
+}
+
+// Device rounds: queues the upload of what plan_draft_steps and plan_window
+// staged (kWhole: both, at once), or of one part.
+void Engine::State::upload_plan(PlanPart part) {
+  DeviceRounds& d = *dev;
+  if (part == PlanPart::kWhole) {
+    be.upload_async(d.host_pending.data(), d.ids_slice(0, static_cast<int64_t>(active.size())));
+    be.upload_async(d.host_idx.data(), d.idx_slice(0, d.idx_size()));
+    if (d.sampling) d.upload_sampling(be);
+    if (d.penalties()) d.upload_penalties(be);
+  } else if (part == PlanPart::kDraftSteps) {
+    be.upload_async(d.host_pending.data(), d.ids_slice(0, static_cast<int64_t>(active.size())));
+    be.upload_async(d.host_idx.data(), d.idx_slice(0, d.window_idx_at()));
+    if (d.sampling) d.upload_sampling(be, 0, d.window_at());
+    if (d.penalties()) {
+      d.upload_penalty_lists(be);
+      d.upload_penalty_rows(be, 0, d.window_at());
+    }
+  } else {
+    const int64_t at = d.window_idx_at();
+    be.upload_async(d.host_idx.data() + at, d.idx_slice(at, d.idx_size() - at));
+    if (d.sampling) d.upload_sampling(be, d.window_at());
+    if (d.penalties()) d.upload_penalty_rows(be, d.window_at(), d.sample_rows() - d.window_at());
+  }
 }
 
 // Device rounds: step s runs the rows whose draft length exceeds s; each
@@ -104,8 +150,7 @@ void Engine::State::draft_on_device(int round_k) {
       in.tokens = d.ids_slice(s == 0 ? 0 : d.draft_at(s - 1), n);
     } else {
       in.tokens = d.gathered_slice(d.verify_cap() + s * d.B, n);
-      be.gather_rows(d.ids_slice(0, d.ids_size()), d.idx_slice(d.B + d.verify_cap() + s * d.B, n),
-                     in.tokens);
+      be.gather_rows(d.ids_slice(0, d.ids_size()), d.idx_slice(d.token_gather_at(s), n), in.tokens);
     }
     if (s == 0) {
       in.hidden = d.hidden.view(DType::kF32, {n, H});
@@ -200,6 +245,60 @@ void Engine::State::propose_drafts() {
   }
 }
 
+void Engine::State::draw_round_uniforms(bool window) {
+  for (Row* r : active) {
+    if (r->request.params.greedy()) continue;
+    if (!window) {
+      r->round_u.clear();
+      for (int j = 0; j < r->k_round; ++j) r->round_u.push_back(r->rng.uniform());
+      continue;
+    }
+    // The uniforms of drafts cut by pruning were spent; the window's follow
+    // the kept ones (accept() reads them at offset k_round).
+    r->round_u.resize(static_cast<size_t>(r->k_round));
+    for (int j = 0; j <= r->k_round; ++j) r->round_u.push_back(r->rng.uniform());
+  }
+}
+
+void Engine::State::prune_drafts(bool dev_round) {
+  prune_rows.clear();
+  prune_owner.clear();
+  prune_drafted.clear();
+  for (Row* r : active) {
+    if (r->k_round == 0) continue;
+    // As step 0 got the row.
+    prune_rows.push_back({.sequence = static_cast<int>(r->slot),
+                          .token = dev_round ? 0 : r->pending,
+                          .position = static_cast<int32_t>(r->kv->length()),
+                          .target_kv = &*r->kv,
+                          .target_hidden = dev_round ? nullptr : r->hidden.data(),
+                          .history = r->history});
+    prune_owner.push_back(r);
+    prune_drafted.push_back(r->k_round);
+  }
+  if (prune_rows.empty()) return;
+  prune_keep.assign(prune_rows.size(), -1);
+  drafter->draft_lengths(prune_rows, prune_drafted, prune_keep);
+  for (size_t i = 0; i < prune_rows.size(); ++i) {
+    const int drafted = prune_drafted[i], keep = prune_keep[i];
+    if (keep < std::min(1, drafted) || keep > drafted) {
+      fail(
+          "Drafter::draft_lengths kept {} drafts of row {} (request {}), outside [{}, {}]: the "
+          "row made {} drafts",
+          keep, i, prune_owner[i]->id, std::min(1, drafted), drafted, drafted);
+    }
+  }
+  for (size_t i = 0; i < prune_rows.size(); ++i) {
+    Row& r = *prune_owner[i];
+    const int keep = prune_keep[i];
+    r.result.stats.pruned += r.k_round - keep;
+    r.k_round = keep;
+    // Host rounds hold the drafts; device rounds verify the first k_round of
+    // what lies in `ids` (plan_window).
+    if (r.drafts.size() > static_cast<size_t>(keep)) r.drafts.resize(static_cast<size_t>(keep));
+  }
+}
+
 // Verifies every active row's [pending, d1..dk] in one target forward; on a
 // device round also takes the target's argmaxes (or the acceptance) and reads
 // the round back once.
@@ -232,7 +331,8 @@ const gemma4::ForwardOutput& Engine::State::verify(const Modes& m) {
   if (m.use_dev) {
     DeviceRounds& d = *dev;
     verify_options.token_ids = d.gathered_slice(0, M);
-    be.gather_rows(d.ids_slice(0, d.ids_size()), d.idx_slice(d.B, M), verify_options.token_ids);
+    be.gather_rows(d.ids_slice(0, d.ids_size()), d.idx_slice(d.window_idx_at(), M),
+                   verify_options.token_ids);
   }
   add_taps(verify_options, M);
   const gemma4::ForwardOutput& out = target.forward(fwd, verify_options);

@@ -144,6 +144,11 @@ struct Engine::State {
   std::vector<int64_t> row_slots;     // device rounds: [active, max_k] row index within step s
   std::vector<int64_t> step_rows;     // device rounds: rows of step s
   std::vector<int32_t> draft_at_ids;  // device penalties: a row's drafts so far, in `ids`
+  std::vector<int32_t> row_pen_list;  // device penalties: [active] each row's penalty list
+  // Pruning: the round's step-0 rows and their owners, drafts made and kept.
+  std::vector<DraftRow> prune_rows;
+  std::vector<Row*> prune_owner;
+  std::vector<int> prune_drafted, prune_keep;
   std::vector<uint8_t> step_gathered;
   std::vector<Row*> prefill_rows;
   std::vector<int64_t> prefill_take;
@@ -207,10 +212,23 @@ struct Engine::State {
   // ---- rounds ----
   int64_t round_tokens() const;
   void run_round();
-  void plan_device_round(int round_k);
+  // Device rounds' plan, in two parts: what the draft steps read, and the
+  // verify window (planned after pruning in a pruning round).
+  void plan_draft_steps(int round_k);
+  void plan_window();
+  enum class PlanPart { kWhole, kDraftSteps, kWindow };
+  void upload_plan(PlanPart part);
   void draft_on_device(int round_k);
   void draft_on_host(const Modes& m);
   void propose_drafts();
+  // Host rounds: each sampled row's uniforms, drawn from its stream in the
+  // order device rounds draw them: one per draft (window = false, at the
+  // round's start), then one per window row (window = true, after pruning).
+  void draw_round_uniforms(bool window);
+  // Pruning drafters: asks Drafter::draft_lengths how many of each row's
+  // drafts to verify, checks the answer, and cuts k_round (and, on the host,
+  // the drafts) to it.
+  void prune_drafts(bool dev_round);
   // Options of a target forward of M tokens with the drafter's taps.
   void add_taps(gemma4::ForwardOptions& options, int64_t M);
   // Tells the drafter what a prefill forward committed (State::committed).

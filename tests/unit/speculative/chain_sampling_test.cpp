@@ -30,7 +30,7 @@
 // given its prefix it too must follow p. (Accepted drafts and residual samples
 // on their own follow other laws; only their union with the rest is p.)
 //
-// The models: the e2b_like fixture (vocabulary 128) and three drafters, as the
+// The models: the e2b_like fixture (vocabulary 128) and five drafters, as the
 // embedded family costs ~25 times more per token and the test must stay
 // within a few seconds on one core:
 //   - its assistant (takes device inputs, so its rows sample with the
@@ -41,6 +41,12 @@
 //     followed by a bonus token many times (asserted);
 //   - "sharp": the same, logits x 3 (q much sharper than p): rejections at
 //     every depth with a residual max(p - q, 0) far from p.
+//   - "assistant+prune" and "close+prune": the same two wrapped in a
+//     pruning drafter (pruning_drafter.h) whose draft_lengths keeps draft j
+//     unless a hash of the history and the drafts before j says stop (a
+//     stopping rule, as confidence pruning is): pruned windows on device
+//     rounds and on host rounds, and bonus tokens after every kept draft was
+//     accepted.
 // Each drafter runs 100 rows per (k, row type): top-k 8 and top-p 0.8 rows at
 // temperature 0.8, 16 tokens each.
 //
@@ -76,6 +82,7 @@
 #include "engine/sampling/sampler.h"
 #include "engine/speculative/decoder.h"
 #include "tests/unit/model/golden_util.h"
+#include "tests/unit/speculative/pruning_drafter.h"
 
 namespace specula {
 namespace {
@@ -228,6 +235,12 @@ TEST(SpeculativeChains, EveryPositionFollowsTheTarget) {
   assistant::AssistantDrafter assistant(*target, *assistant_model);
   auto copy = gemma4::Gemma4Model::load(testing::golden_dir("e2b_like"));
   SelfDrafter close(*copy, 0.8f), sharp(*copy, 3.0f);
+  // Pruning (Drafter::draft_lengths) by a stopping rule on the drafts before
+  // each one: on device rounds (assistant) and host rounds (close).
+  using testing::PruningDrafter;
+  PruningDrafter assistant_pruned(assistant, target->backend(), PruningDrafter::Rule::kStopping);
+  PruningDrafter close_pruned(close, target->backend(), PruningDrafter::Rule::kStopping);
+  assistant_pruned.check_greedy = close_pruned.check_greedy = false;
   const std::vector<int32_t> prompt = {5, 17, 33, 2, 90, 41, 7};
   const int64_t V = target->config().vocab_size;
 
@@ -245,12 +258,15 @@ TEST(SpeculativeChains, EveryPositionFollowsTheTarget) {
   struct Drafted {
     const char* name;
     Drafter* drafter;
+    bool pruned;
   };
   SamplingWorkspace ws(V);
   int64_t all_bonus = 0, impossible = 0;
   double worst_logprob_diff = 0;
   for (const Drafted& d :
-       {Drafted{"assistant", &assistant}, Drafted{"close", &close}, Drafted{"sharp", &sharp}}) {
+       {Drafted{"assistant", &assistant, false}, Drafted{"close", &close, false},
+        Drafted{"sharp", &sharp, false}, Drafted{"assistant+prune", &assistant_pruned, true},
+        Drafted{"close+prune", &close_pruned, true}}) {
     // One engine call: every (k, kind) case's rows, each with its own seed.
     std::vector<DecodeRequest> reqs;
     for (int ki = 0; ki < 2; ++ki) {
@@ -272,7 +288,7 @@ TEST(SpeculativeChains, EveryPositionFollowsTheTarget) {
         const SamplingParams& params = *kinds[kind];
         std::vector<RankTally> at(kTokens);
         RankTally bonus;
-        int64_t drafted = 0, accepted = 0;
+        int64_t drafted = 0, accepted = 0, pruned = 0;
         int64_t full_bonus = 0;  // after a whole window of k accepted drafts
         // p for each prefix seen (the generated tokens; the prompt is fixed).
         std::map<std::vector<int32_t>, std::vector<std::pair<float, int32_t>>> cache;
@@ -282,6 +298,7 @@ TEST(SpeculativeChains, EveryPositionFollowsTheTarget) {
           ASSERT_EQ(res.tokens.size(), static_cast<size_t>(kTokens));
           drafted += res.stats.drafted;
           accepted += res.stats.accepted;
+          pruned += res.stats.pruned;
           // Which positions are bonus tokens: position 0 comes with the
           // prefill, then each round commits its accepted drafts and a token.
           std::vector<bool> is_bonus(kTokens, false);
@@ -363,12 +380,14 @@ TEST(SpeculativeChains, EveryPositionFollowsTheTarget) {
         }
         const Statistic b = statistic(bonus);
         std::printf(
-            "[ chains ] %s k=%d %s: acceptance %.3f, %lld bonus tokens (%lld after k accepted; "
+            "[ chains ] %s k=%d %s: acceptance %.3f, pruned %lld, %lld bonus tokens (%lld after k "
+            "accepted; "
             "chi2 %.1f/%d), sum over "
             "positions %.1f/%d (limit %.1f); chi2/dof by position:%s\n",
             d.name, ks[ki], kind_names[kind], drafted ? double(accepted) / drafted : 0.0,
-            static_cast<long long>(bonus.n), static_cast<long long>(full_bonus), b.chi2, b.dof,
-            sum_chi2, sum_dof, chi2_limit(sum_dof, kZ1e3), line.c_str());
+            static_cast<long long>(pruned), static_cast<long long>(bonus.n),
+            static_cast<long long>(full_bonus), b.chi2, b.dof, sum_chi2, sum_dof,
+            chi2_limit(sum_dof, kZ1e3), line.c_str());
         EXPECT_LT(sum_chi2, chi2_limit(sum_dof, kZ1e3))
             << d.name << " k " << ks[ki] << " " << kind_names[kind];
         if (b.dof > 0) {
@@ -384,6 +403,11 @@ TEST(SpeculativeChains, EveryPositionFollowsTheTarget) {
         }
         EXPECT_GT(accepted, 0);
         EXPECT_LT(accepted, drafted);
+        if (d.pruned) {
+          EXPECT_GT(pruned, drafted / 10) << d.name << " k " << ks[ki] << " " << kind_names[kind];
+        } else {
+          EXPECT_EQ(pruned, 0);
+        }
       }
     }
   }
