@@ -146,21 +146,73 @@ Tensor DSparkDrafter::draft_step(int step_index, std::span<const DraftRow> rows,
   return model_.head_step(step_index, u_rows_, tokens, conf);
 }
 
-std::vector<float> DSparkDrafter::last_confidences() {
+std::span<const float> DSparkDrafter::last_confidences() {
   if (!model_.has_confidence_head() || round_steps_ == 0) return {};
   const int G = model_.block_size();
-  std::vector<float> raw(static_cast<size_t>(G * cap_));
-  backend_.download(confidences_.view(DType::kF32, {G * cap_}), raw.data());
+  conf_raw_.resize(static_cast<size_t>(G * cap_));
+  backend_.download(confidences_.view(DType::kF32, {G * cap_}), conf_raw_.data());
   const int64_t B0 = static_cast<int64_t>(round_sequences_.size());
-  std::vector<float> out(static_cast<size_t>(B0 * G), std::numeric_limits<float>::quiet_NaN());
+  conf_out_.assign(static_cast<size_t>(B0 * G), std::numeric_limits<float>::quiet_NaN());
   for (int k = 0; k < round_steps_; ++k) {
     const std::vector<int32_t>& slots = step_slots_[static_cast<size_t>(k)];
     for (size_t i = 0; i < slots.size(); ++i) {
-      const float c = raw[static_cast<size_t>(k * cap_) + i];
-      out[static_cast<size_t>(slots[i]) * G + k] = 1.0f / (1.0f + std::exp(-c));
+      const float c = conf_raw_[static_cast<size_t>(k * cap_) + i];
+      conf_out_[static_cast<size_t>(slots[i]) * G + k] = 1.0f / (1.0f + std::exp(-c));
     }
   }
-  return out;
+  return conf_out_;
+}
+
+void DSparkDrafter::set_thresholds(std::vector<float> thresholds) {
+  const int G = model_.block_size();
+  if (!thresholds.empty() && static_cast<int>(thresholds.size()) != G) {
+    fail("DSpark pruning thresholds: {} given, the drafter's block has {} positions",
+         thresholds.size(), G);
+  }
+  for (size_t k = 0; k < thresholds.size(); ++k) {
+    if (!(thresholds[k] >= 0.0f && thresholds[k] <= 1.0f)) {
+      fail("DSpark pruning threshold of position {} is {}, expected a value in [0, 1]", k,
+           thresholds[k]);
+    }
+  }
+  if (!thresholds.empty() && !model_.has_confidence_head()) {
+    fail("DSpark pruning needs a confidence head; {} has none", model_.description());
+  }
+  thresholds_ = std::move(thresholds);
+}
+
+bool DSparkDrafter::prunes() const {
+  // Position 0 is never pruned, so thresholds only there change nothing.
+  for (size_t k = 1; k < thresholds_.size(); ++k) {
+    if (thresholds_[k] > 0.0f) return true;
+  }
+  return false;
+}
+
+void DSparkDrafter::draft_lengths(std::span<const DraftRow> rows, std::span<const int> drafted,
+                                  std::span<int> keep) {
+  const std::span<const float> conf = last_confidences();
+  const int G = model_.block_size();
+  SPECULA_CHECK(rows.size() == round_sequences_.size(),
+                "draft_lengths for {} rows, the round's step 0 had {}", rows.size(),
+                round_sequences_.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    SPECULA_CHECK(rows[i].sequence == round_sequences_[i],
+                  "draft_lengths row {} is sequence {}, step 0's was {}", i, rows[i].sequence,
+                  round_sequences_[i]);
+    // Cut at the first position k >= 1 whose confidence is below its
+    // threshold: c_k reads draft k - 1, never draft k, so the cut depends only
+    // on drafts before it (what keeps sampled rows exact).
+    int n = drafted[i];
+    for (int k = 1; k < drafted[i]; ++k) {
+      const float c = conf[i * static_cast<size_t>(G) + static_cast<size_t>(k)];
+      if (c < thresholds_[static_cast<size_t>(k)]) {
+        n = k;
+        break;
+      }
+    }
+    keep[i] = n;
+  }
 }
 
 }  // namespace specula::dspark

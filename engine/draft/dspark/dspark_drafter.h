@@ -56,8 +56,19 @@ class DSparkDrafter : public Drafter {
   // The last round's confidences σ(c_k), f32 [B0 · γ] row-major (row b: step 0's
   // row b, column k: draft position k), NaN where a row did not run step k.
   // One readback (the pruning hook's only cost); empty when the drafter has no
-  // confidence head or no round ran.
-  std::vector<float> last_confidences();
+  // confidence head or no round ran. Valid until the next call.
+  std::span<const float> last_confidences();
+
+  // Confidence pruning (docs/dspark.md): per-position thresholds, γ values in
+  // [0, 1] (position 0's is ignored), or empty for none. Throws on a wrong
+  // count, a value outside [0, 1], or a drafter without a confidence head.
+  void set_thresholds(std::vector<float> thresholds);
+  const std::vector<float>& thresholds() const { return thresholds_; }
+  bool prunes() const override;
+  // Keeps drafts 0 .. k−1 of each row, k ≥ 1 the first position whose
+  // confidence is below its threshold (else all it drafted). One readback.
+  void draft_lengths(std::span<const DraftRow> rows, std::span<const int> drafted,
+                     std::span<int> keep) override;
 
  private:
   Tensor draft_step(int step_index, std::span<const DraftRow> rows, const Tensor* device_tokens);
@@ -77,6 +88,8 @@ class DSparkDrafter : public Drafter {
   DeviceBuffer tokens_, confidences_;
   int64_t cap_ = 0;
   std::vector<int32_t> host_tokens_;
+  std::vector<float> thresholds_;           // empty: no pruning
+  std::vector<float> conf_raw_, conf_out_;  // last_confidences() staging, reused
 };
 
 }  // namespace specula::dspark

@@ -418,6 +418,73 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DSparkLossless,
                                   "_gamma" + std::to_string(info.param.gamma);
                          });
 
+// Confidence pruning only shortens the verified window: greedy output with
+// thresholds equals plain decoding (device and host rounds, batch 1, 3, 8),
+// drafts were really cut, and a round's kept length follows the rule: every
+// kept position k >= 1 has c_k >= thr_k, the first cut one is below it.
+TEST_P(DSparkLossless, PrunedOutputEqualsPlainDecoding) {
+  const LosslessCase lc = GetParam();
+  auto model = random_model(lc.layout, lc.gamma, 11);
+  DSparkDrafter drafter(*target_, *model);
+  EXPECT_FALSE(drafter.prunes());
+  std::vector<float> thr(static_cast<size_t>(lc.gamma), 0.5f);
+  thr[0] = 0.9f;  // ignored: position 0 is always kept
+  drafter.set_thresholds(thr);
+  ASSERT_TRUE(drafter.prunes());
+  int64_t pruned = 0, drafted = 0;
+  for (int batch : {1, 3, 8}) {
+    const auto reqs = greedy_requests(batch, 300 + static_cast<uint32_t>(batch), 14);
+    const auto plain = speculative::decode(*target_, nullptr, reqs, {.draft_tokens = 1});
+    for (int k : {1, lc.gamma / 2 + 1, lc.gamma}) {
+      for (bool host : {false, true}) {
+        const auto got = speculative::decode(*target_, &drafter, reqs, {.draft_tokens = k}, {},
+                                             {.host_rounds = host});
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          EXPECT_EQ(got[i].tokens, plain[i].tokens)
+              << "batch " << batch << " k " << k << " request " << i << (host ? " host" : "");
+          pruned += got[i].stats.pruned;
+          drafted += got[i].stats.drafted;
+        }
+      }
+    }
+  }
+  EXPECT_GT(pruned, 0) << "the thresholds never cut a block";
+  EXPECT_GT(drafted, 0);
+
+  // One round by hand: the kept length follows the confidences.
+  std::vector<int32_t> seq;
+  for (int i = 0; i < 15; ++i) seq.push_back((i * 29 + 5) % 128);
+  std::vector<float> buf;
+  const Tensor taps = taps_of(seq, model->config().taps, &buf);
+  drafter.on_committed(
+      std::vector<CommittedRow>{{.sequence = 0, .position = 0, .count = 14, .tap_row = 0}}, taps);
+  std::vector<int32_t> drafts;
+  int32_t token = seq[14];
+  for (int s = 0; s < lc.gamma; ++s) {
+    const DraftRow row{.sequence = 0, .token = token, .position = 14};
+    const Tensor logits = drafter.step(s, std::span(&row, 1));
+    const float* l = logits.data_as<const float>();
+    token = static_cast<int32_t>(std::max_element(l, l + model->vocab_size()) - l);
+    drafts.push_back(token);
+  }
+  const DraftRow row0{.sequence = 0, .token = seq[14], .position = 14};
+  const int made = lc.gamma;
+  int keep = -1;
+  drafter.draft_lengths(std::span(&row0, 1), std::span(&made, 1), std::span(&keep, 1));
+  const std::span<const float> c = drafter.last_confidences();
+  ASSERT_GE(keep, 1);
+  ASSERT_LE(keep, lc.gamma);
+  for (int k = 1; k < keep; ++k) EXPECT_GE(c[static_cast<size_t>(k)], 0.5f) << k;
+  if (keep < lc.gamma) EXPECT_LT(c[static_cast<size_t>(keep)], 0.5f);
+  drafter.release(0);
+
+  // Bad thresholds are refused, naming the problem.
+  EXPECT_NE(error_of([&] { drafter.set_thresholds({0.5f}); }).find("block has"), std::string::npos);
+  std::vector<float> bad(static_cast<size_t>(lc.gamma), 0.5f);
+  bad[1] = 1.5f;
+  EXPECT_NE(error_of([&] { drafter.set_thresholds(bad); }).find("1.5"), std::string::npos);
+}
+
 // Sampling rows run through the engine, and after every step the context
 // caches hold exactly the positions the target's caches hold.
 TEST_F(DSparkTest, SamplingRowsRunAndContextTracksTheTargetCache) {
@@ -443,7 +510,8 @@ TEST_F(DSparkTest, SamplingRowsRunAndContextTracksTheTargetCache) {
       for (const auto& u : engine.step()) finished += u.finished ? 1 : 0;
       EXPECT_EQ(drafter.context_positions(), engine.kv_pool().tokens_in_use) << "step " << steps;
       if (drafter.round_steps() > 0 && model->has_confidence_head()) {
-        const std::vector<float> c = drafter.last_confidences();
+        const std::span<const float> cs = drafter.last_confidences();
+        const std::vector<float> c(cs.begin(), cs.end());
         ASSERT_EQ(c.size(), drafter.round_sequences().size() * 5);
         EXPECT_GT(c[0], 0.0f);  // step 0 of row 0 always runs: a sigmoid
         EXPECT_LT(c[0], 1.0f);
