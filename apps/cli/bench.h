@@ -62,6 +62,7 @@ struct BenchArgs {
 };
 
 inline constexpr char kRandomDraft[] = "random";
+inline constexpr char kRandomDSpark[] = "random-dspark";
 
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -122,6 +122,42 @@ int64_t needed_context(const BenchArgs& a) {
   return ctx;
 }
 
+// --draft random-dspark[-deepspec][:γ]: a seeded random DSpark drafter of the
+// seed's default shape for the target (specula layout) or of DeepSpec's
+// released shape, with block size γ when given.
+void build_random_dspark(LoadedModels& m, const BenchArgs& a, bool quiet) {
+  const std::string& spec = a.model.draft;
+  std::string rest = spec.substr(std::string_view(kRandomDSpark).size());
+  bool deepspec = false;
+  if (rest.starts_with("-deepspec")) {
+    deepspec = true;
+    rest = rest.substr(9);
+  }
+  int gamma = 0;
+  if (!rest.empty()) {
+    const char* begin = rest.data() + 1;
+    const char* end = rest.data() + rest.size();
+    const auto [ptr, ec] = std::from_chars(begin, end, gamma);
+    if (rest[0] != ':' || ec != std::errc() || ptr != end || gamma < 1 || gamma > 64) {
+      fail("--draft {}: expected random-dspark[-deepspec][:BLOCK], BLOCK in [1, 64]", spec);
+    }
+  }
+  const gemma4::Gemma4Config& c = m.target->config();
+  dspark::DSparkConfig config =
+      deepspec ? dspark::default_deepspec_config(c) : dspark::default_specula_config(c);
+  if (gamma > 0) config.block_size = gamma;
+  const auto t1 = std::chrono::steady_clock::now();
+  m.draft_dir = fmt::format("{}:{}", spec, a.seed + 1);
+  m.dspark = dspark::DSparkModel::random(config, *m.target, m.target->backend(), a.seed + 1);
+  auto drafter = std::make_unique<dspark::DSparkDrafter>(*m.target, *m.dspark);
+  const std::string pruning = apply_pruning(*drafter, *m.dspark, a.model);
+  m.draft_source = std::move(drafter);
+  if (!quiet) {
+    fmt::print(stderr, "drafter: random {}; {}, {:.2f} GB ({:.2f} s)\n", m.dspark->description(),
+               pruning, m.dspark->weight_bytes() / 1e9, seconds_since(t1));
+  }
+}
+
 }  // namespace
 
 LoadedModels load_bench_models(const BenchArgs& a, Device device) {
@@ -134,6 +170,7 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
   const bool embedded = a.random_weights.empty() && a.model.model.empty();
   const bool random_draft =
       (a.model.draft == kRandomDraft || (replay && !embedded)) && !a.model.no_draft;
+  const bool random_dspark = a.model.draft.starts_with(kRandomDSpark) && !a.model.no_draft;
   const bool need_tokenizer = a.need_tokenizer || !a.prompt_file.empty();
   const int64_t max_context = needed_context(a);
   LoadedModels m;
@@ -144,7 +181,7 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
     ModelArgs args = a.model;
     args.ctx_size = max_context;
     if (replay) args.draft.clear();  // the embedded drafter
-    if (random_draft) {
+    if (random_draft || random_dspark) {
       args.draft.clear();
       args.no_draft = true;
     }
@@ -180,10 +217,14 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
                  tty ? "\r" : "", c.num_hidden_layers, c.hidden_size, c.vocab_size,
                  m.target->weight_bytes() / 1e9, seconds_since(t0));
     }
-    if (!a.model.draft.empty() && !a.model.no_draft && !random_draft && !replay) {
+    if (!a.model.draft.empty() && !a.model.no_draft && !random_draft && !random_dspark && !replay) {
       m.draft_dir = a.model.draft;
-      m.drafter = assistant::AssistantModel::load(m.draft_dir, c, m.target->backend(),
-                                                  !a.model.no_weight_scan);
+      if (dspark::is_dspark_dir(m.draft_dir)) {
+        load_dspark(m, m.draft_dir, a.model, quiet);
+      } else {
+        m.drafter = assistant::AssistantModel::load(m.draft_dir, c, m.target->backend(),
+                                                    !a.model.no_weight_scan);
+      }
     }
     if (need_tokenizer) {
       const std::string tok = !a.model.tokenizer.empty() ? a.model.tokenizer
@@ -208,6 +249,7 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
                  m.drafter->head_description(), seconds_since(t1));
     }
   }
+  if (random_dspark) build_random_dspark(m, a, quiet);
   if (m.drafter && !m.draft_source)
     m.draft_source = std::make_unique<assistant::AssistantDrafter>(*m.target, *m.drafter);
   if (replay) {

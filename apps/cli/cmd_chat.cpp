@@ -28,6 +28,8 @@ void run_chat(const ChatArgs& args) {
   LoadedModels m =
       load_models(args.model, /*with_draft=*/true, /*with_tokenizer=*/true, args.quiet);
   SamplingParams params = sampling_params(args.sampling, m);
+  speculative::DraftSchedule schedule = args.schedule;
+  resolve_schedule(schedule, m.draft_source.get());
   // A model turn ends with the end-of-turn token.
   if (auto end_turn = m.tokenizer->token_to_id("<turn|>"))
     params.stop_token_ids.push_back(*end_turn);
@@ -73,8 +75,8 @@ void run_chat(const ChatArgs& args) {
     try {
       const std::string rendered = render_chat(messages, options);
       std::vector<int32_t> prompt = m.tokenizer->encode(rendered, /*add_special_tokens=*/false);
-      r = generate_text(*m.target, m.draft_source.get(), *m.tokenizer, prompt, params,
-                        args.schedule, [](std::string_view text) {
+      r = generate_text(*m.target, m.draft_source.get(), *m.tokenizer, prompt, params, schedule,
+                        [](std::string_view text) {
                           std::fwrite(text.data(), 1, text.size(), stdout);
                           std::fflush(stdout);
                           return true;

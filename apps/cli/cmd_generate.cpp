@@ -33,6 +33,8 @@ void run_generate(const GenerateArgs& args) {
   LoadedModels m =
       load_models(args.model, /*with_draft=*/true, /*with_tokenizer=*/text_mode, args.json);
   const SamplingParams params = sampling_params(args.sampling, m);
+  speculative::DraftSchedule schedule = args.schedule;
+  resolve_schedule(schedule, m.draft_source.get());
   const bool speculative = m.draft_source != nullptr;
   Drafter* drafter = m.draft_source.get();
 
@@ -61,7 +63,7 @@ void run_generate(const GenerateArgs& args) {
     std::vector<int32_t> prompt = m.tokenizer->encode(args.prompt, /*add_special_tokens=*/true);
     stream(args.prompt);
     TextGenerationResult r = generate_text(*m.target, drafter, *m.tokenizer, prompt, params,
-                                           args.schedule, [&](std::string_view text) {
+                                           schedule, [&](std::string_view text) {
                                              stream(text);
                                              return true;
                                            });
@@ -76,8 +78,7 @@ void run_generate(const GenerateArgs& args) {
     return true;
   };
   speculative::DecodeResult r =
-      speculative::decode(*m.target, drafter, std::span(&request, 1), args.schedule, on_tokens)
-          .front();
+      speculative::decode(*m.target, drafter, std::span(&request, 1), schedule, on_tokens).front();
   finish({{"prompt_ids", request.prompt}}, r.tokens, r.finish_reason, r.stats);
 }
 

@@ -97,6 +97,7 @@ void run_serve(ServeArgs& args) {
   }
   speculative::EngineOptions eo;
   eo.schedule = args.schedule;
+  resolve_schedule(eo.schedule, m.draft_source.get());
   eo.max_rows = args.max_num_seqs;
   eo.max_batch_tokens = args.max_num_batched_tokens;
   eo.kv_memory = args.kv_memory;
@@ -166,7 +167,7 @@ void run_serve(ServeArgs& args) {
              "specula serve: '{}' on http://{}:{} ({} rows of {:.1f} MiB KV, context {}, {})\n",
              so.model_name, args.host, http_server.port(), pool.max_rows,
              pool.bytes_per_row / 1048576.0, so.context_length,
-             so.has_drafter ? fmt::format("speculation k={}", args.schedule.draft_tokens)
+             so.has_drafter ? fmt::format("speculation k={}", eo.schedule.draft_tokens)
                             : std::string("no drafter"));
   std::fflush(stderr);
 

@@ -2,11 +2,13 @@
 #include "apps/cli/setup.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -61,10 +63,19 @@ void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft) {
                   kDefaultTarget));
   if (with_draft) {
     cmd->add_option("--draft,-d", args.draft,
-                    "Drafter: an assistant checkpoint directory, or 'ngram' (prompt lookup: "
-                    "drafts what followed the latest earlier match of the last tokens; no model). "
-                    "Turns speculative decoding on (default: the embedded drafter when the model "
-                    "is the embedded default)");
+                    "Drafter: a checkpoint directory (a Gemma 4 assistant, a specula DSpark "
+                    "drafter with dspark.json, or a DeepSpec Gemma4DSparkModel; the kind is read "
+                    "from the folder and logged), or 'ngram' (prompt lookup: drafts what followed "
+                    "the latest earlier match of the last tokens; no model). Turns speculative "
+                    "decoding on (default: the embedded drafter when the model is the embedded "
+                    "default)");
+    cmd->add_option("--draft-confidence-threshold", args.draft_confidence_threshold,
+                    "DSpark drafters: cut each draft block at the first position (after the "
+                    "first) whose confidence is below this value, in [0, 1]; replaces the "
+                    "checkpoint's calibrated thresholds (default: those, if it has any)");
+    cmd->add_flag("--no-draft-prune", args.no_draft_prune,
+                  "DSpark drafters: verify whole blocks, ignoring the checkpoint's calibrated "
+                  "thresholds");
     cmd->add_option("--prompt-lookup-min", args.prompt_lookup_min,
                     "--draft ngram: the shortest suffix matched, in tokens")
         ->capture_default_str();
@@ -131,15 +142,18 @@ LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_token
         fmt::print(stderr, "drafter: ngram (prompt lookup, suffixes of {}..{} tokens)\n",
                    args.prompt_lookup_min, args.prompt_lookup_max);
       }
+    } else if (!m.draft_dir.empty() && dspark::is_dspark_dir(m.draft_dir)) {
+      load_dspark(m, m.draft_dir, args, quiet);
     } else if (!m.draft_dir.empty()) {
       auto t1 = std::chrono::steady_clock::now();
       m.drafter = assistant::AssistantModel::load(m.draft_dir, c, m.target->backend(),
                                                   !args.no_weight_scan);
       m.draft_source = std::make_unique<assistant::AssistantDrafter>(*m.target, *m.drafter);
       if (!quiet) {
-        fmt::print(stderr, "drafter: {} ({} layers, hidden {}, {}; {:.2f} s)\n", m.draft_dir,
-                   m.drafter->config().text.num_hidden_layers, m.drafter->config().text.hidden_size,
-                   m.drafter->head_description(), seconds_since(t1));
+        fmt::print(stderr, "drafter: assistant {} ({} layers, hidden {}, {}; {:.2f} s)\n",
+                   m.draft_dir, m.drafter->config().text.num_hidden_layers,
+                   m.drafter->config().text.hidden_size, m.drafter->head_description(),
+                   seconds_since(t1));
       }
     }
   }
@@ -197,15 +211,58 @@ SamplingParams sampling_params(const SamplingArgs& args, const LoadedModels& mod
 }
 
 void add_draft_options(CLI::App* cmd, speculative::DraftSchedule& schedule) {
+  schedule.draft_tokens = 0;  // resolve_schedule() picks the drafter's own length
   cmd->add_option("--draft-tokens,-k", schedule.draft_tokens,
-                  "Draft tokens per round (the start value with --adaptive-draft)")
-      ->capture_default_str();
+                  "Draft tokens per round (the start value with --adaptive-draft; default: a "
+                  "DSpark drafter's block size, else 4)");
   cmd->add_flag(
       "--adaptive-draft", schedule.adaptive,
       "Adapt the draft length per sequence: +2 after a fully accepted round, -1 otherwise");
   cmd->add_option("--max-draft-tokens", schedule.max_draft_tokens,
                   "Upper bound for --adaptive-draft")
       ->capture_default_str();
+}
+
+void resolve_schedule(speculative::DraftSchedule& schedule, const Drafter* drafter) {
+  if (schedule.draft_tokens < 0)
+    fail("--draft-tokens: {} is not a draft length", schedule.draft_tokens);
+  if (schedule.draft_tokens != 0) return;
+  const int natural = drafter != nullptr ? drafter->max_draft_tokens() : 0;
+  schedule.draft_tokens = natural > 0 ? natural : 4;
+}
+
+std::string apply_pruning(dspark::DSparkDrafter& drafter, const dspark::DSparkModel& model,
+                          const ModelArgs& args) {
+  const int G = model.block_size();
+  if (args.no_draft_prune) return "pruning off (--no-draft-prune)";
+  const double t = args.draft_confidence_threshold;
+  if (t >= 0 || std::isnan(t)) {
+    if (!(t >= 0 && t <= 1)) fail("--draft-confidence-threshold: {} is outside [0, 1]", t);
+    if (!model.has_confidence_head()) {
+      fail("--draft-confidence-threshold: the DSpark drafter {} has no confidence head",
+           model.description());
+    }
+    std::vector<float> thr(static_cast<size_t>(G), static_cast<float>(t));
+    thr[0] = 0.0f;
+    drafter.set_thresholds(std::move(thr));
+    return fmt::format("pruning below confidence {:g}", t);
+  }
+  const std::vector<float>& cal = model.config().thresholds;
+  if (cal.empty() || !model.has_confidence_head()) return "no pruning (uncalibrated)";
+  drafter.set_thresholds(cal);
+  return fmt::format("pruning at calibrated thresholds [{:.2f}]", fmt::join(cal, ", "));
+}
+
+void load_dspark(LoadedModels& m, const std::string& dir, const ModelArgs& args, bool quiet) {
+  const auto t1 = std::chrono::steady_clock::now();
+  m.dspark = dspark::DSparkModel::load(dir, *m.target, m.target->backend(), !args.no_weight_scan);
+  auto drafter = std::make_unique<dspark::DSparkDrafter>(*m.target, *m.dspark);
+  const std::string pruning = apply_pruning(*drafter, *m.dspark, args);
+  m.draft_source = std::move(drafter);
+  if (!quiet) {
+    fmt::print(stderr, "drafter: {} from {}; {} ({:.2f} s)\n", m.dspark->description(), dir,
+               pruning, seconds_since(t1));
+  }
 }
 
 void set_threads(int threads) {

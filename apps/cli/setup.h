@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/draft/assistant/assistant_drafter.h"
+#include "engine/draft/dspark/dspark_drafter.h"
 #include "engine/draft/ngram/ngram_drafter.h"
 #include "engine/draft/replay/replay_drafter.h"
 #include "engine/io/id_list.h"
@@ -23,9 +24,14 @@ namespace specula::cli {
 
 struct ModelArgs {
   std::string model;  // empty: the embedded default
-  // Assistant checkpoint directory, or "ngram" (prompt lookup, no model); empty:
-  // the default's drafter when the model is the default.
+  // Drafter checkpoint directory (an assistant, or a DSpark drafter in either
+  // layout: the kind is read from the folder), or "ngram" (prompt lookup, no
+  // model); empty: the default's drafter when the model is the default.
   std::string draft;
+  // DSpark confidence pruning: a uniform threshold for positions >= 1 (< 0:
+  // the checkpoint's calibration, if any); no_draft_prune turns it off.
+  double draft_confidence_threshold = -1;
+  bool no_draft_prune = false;
   int prompt_lookup_min = 1;  // --draft ngram: shortest suffix matched
   int prompt_lookup_max = 4;  // --draft ngram: longest suffix matched
   bool no_draft = false;
@@ -50,7 +56,8 @@ std::string models_root();
 struct LoadedModels {
   std::unique_ptr<gemma4::Gemma4Model> target;
   std::unique_ptr<assistant::AssistantModel> drafter;
-  std::unique_ptr<Drafter> draft_source;  // the assistant's, the ngram drafter, or a replay
+  std::unique_ptr<dspark::DSparkModel> dspark;  // a DSpark drafter (draft_source wraps it)
+  std::unique_ptr<Drafter> draft_source;        // the assistant's, the ngram drafter, or a replay
   // bench --draft replay:...: the drafter draft_source wraps, and the replay itself.
   std::unique_ptr<Drafter> inner_draft_source;
   replay::ReplayDrafter* replay = nullptr;
@@ -72,7 +79,18 @@ void add_sampling_options(CLI::App* cmd, SamplingArgs& args, int default_max_tok
 // The request's params: CLI values plus EOS ids from the tokenizer or the model config.
 SamplingParams sampling_params(const SamplingArgs& args, const LoadedModels& models);
 
+// -k defaults to 0 there, meaning "the drafter's own length": resolve_schedule
+// turns it into a DSpark drafter's block size (else 4) once the drafter is known.
 void add_draft_options(CLI::App* cmd, speculative::DraftSchedule& schedule);
+void resolve_schedule(speculative::DraftSchedule& schedule, const Drafter* drafter);
+// Loads the DSpark drafter of `dir` for models.target into `models` (DSpark
+// model and its Drafter), with pruning set from the checkpoint's calibration
+// or `args`; logs what it loaded unless quiet.
+void load_dspark(LoadedModels& models, const std::string& dir, const ModelArgs& args, bool quiet);
+// Applies --draft-confidence-threshold / --no-draft-prune and the checkpoint's
+// calibration to a DSpark drafter; returns a description for the load log.
+std::string apply_pruning(dspark::DSparkDrafter& drafter, const dspark::DSparkModel& model,
+                          const ModelArgs& args);
 
 // Parses "1,2,3" (spaces allowed) into token ids; an Error names the bad item.
 using io::parse_id_list;

@@ -5,6 +5,7 @@
 #include <climits>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
 #include "engine/chat/sha256.h"
 #include "engine/core/error.h"
@@ -265,6 +266,22 @@ DSparkConfig parse_deepspec_dspark_config(const json& root, const std::string& f
   c.intermediate_size = t.intermediate_size;
   c.rms_norm_eps = t.rms_norm_eps;
   return c;
+}
+
+bool is_dspark_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(fs::path(dir) / kSpeculaConfigFile, ec)) return true;
+  std::ifstream in(fs::path(dir) / kDeepSpecConfigFile);
+  if (!in) return false;
+  const json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return false;
+  const auto it = j.find("architectures");
+  if (it == j.end() || !it->is_array()) return false;
+  for (const json& a : *it) {
+    if (a.is_string() && a.get<std::string>() == "Gemma4DSparkModel") return true;
+  }
+  return false;
 }
 
 DSparkConfig load_dspark_config(const std::string& dir) {

@@ -58,6 +58,10 @@ struct DSparkConfig {
 inline constexpr const char* kSpeculaConfigFile = "dspark.json";
 inline constexpr const char* kDeepSpecConfigFile = "config.json";
 
+// Whether `dir` holds a DSpark drafter: a dspark.json (specula layout), or a
+// config.json whose architectures name Gemma4DSparkModel (DeepSpec layout).
+// An unreadable or malformed config.json is not DSpark (its own loader reports it).
+bool is_dspark_dir(const std::string& dir);
 // Reads `<dir>/dspark.json` (specula layout) or, when absent, `<dir>/config.json`
 // (DeepSpec layout, architectures ["Gemma4DSparkModel"]).
 DSparkConfig load_dspark_config(const std::string& dir);

@@ -66,6 +66,19 @@ struct DSparkModel::CommitScratch {
 
 DSparkModel::~DSparkModel() = default;
 
+namespace {
+
+// Bytes of the weights a table bound (optional ones absent count nothing).
+int64_t bytes_of(const io::WeightTable& table) {
+  int64_t n = 0;
+  for (const io::WeightTable::Entry& e : table.entries()) {
+    if (e.field != nullptr && !e.field->empty()) n += static_cast<int64_t>(e.field->nbytes());
+  }
+  return n;
+}
+
+}  // namespace
+
 std::unique_ptr<DSparkModel> DSparkModel::load(const std::string& dir, gemma4::Gemma4Model& target,
                                                Backend& backend, bool scan_weights) {
   std::unique_ptr<DSparkModel> m(new DSparkModel());
@@ -85,8 +98,8 @@ std::unique_ptr<DSparkModel> DSparkModel::load(const std::string& dir, gemma4::G
   table.bind(*m->checkpoint_);
   m->weight_buffer_ =
       gemma4::place_weights(table, backend, scan_weights ? m->checkpoint_.get() : nullptr);
+  m->weight_bytes_ = bytes_of(table);
   m->init_after_weights(file);
-  std::fprintf(stderr, "dspark: %s\n", m->description().c_str());
   if (c.layout == DSparkLayout::kDeepSpec) {
     if (m->weights_.embed_tokens.empty())
       std::fprintf(stderr, "dspark: %s has no embed_tokens.weight: using the target's embedding\n",
@@ -113,6 +126,7 @@ std::unique_ptr<DSparkModel> DSparkModel::random(const DSparkConfig& config,
   declare_dspark_weights(m->config_, target.config().hidden_size, target.config().vocab_size,
                          &m->weights_, &table);
   m->weight_buffer_ = gemma4::random_weights(table, backend, seed, dtype);
+  m->weight_bytes_ = bytes_of(table);
   m->init_after_weights(origin);
   return m;
 }

@@ -72,6 +72,9 @@ class DSparkModel {
   int64_t vocab_size() const { return config_.target.vocab_size; }
   // "specula layout (γ 5, d 1024, 5 layers, r 256, taps [..])" for load logs.
   std::string description() const;
+  // Bytes of the drafter's own weights (the target's embedding or head, when
+  // borrowed, not counted).
+  int64_t weight_bytes() const { return weight_bytes_; }
 
   // A fresh, empty context-KV cache for one sequence: every draft layer, room
   // for the target's context plus one block. Memory from the drafter's pool.
@@ -126,6 +129,7 @@ class DSparkModel {
   std::unique_ptr<io::Checkpoint> checkpoint_;  // null for random()
   DSparkWeights weights_;
   DeviceBuffer weight_buffer_;
+  int64_t weight_bytes_ = 0;
   std::vector<float> layer_scalars_;  // DeepSpec layout: host copies of layer_scalar
   float confidence_bias_ = 0;         // host copy of the confidence bias
   float embed_scale_ = 1;             // DeepSpec: √H rounded to the embedding's dtype
