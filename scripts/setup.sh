@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libgmock-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev libspdlog-dev
   clang libclang-rt-14-dev
+  pkg-config libcairo2-dev
 )
 
 missing=()
