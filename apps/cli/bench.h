@@ -24,6 +24,7 @@ struct BenchArgs {
   std::vector<int> batches = {1};
   bool batches_given = false;  // else --micro measures 1, 8, 32, 64
   std::vector<int> draft_tokens = {1, 2, 4, 6};
+  bool draft_tokens_given = false;  // -k was given (else a block drafter measures its block)
   bool json = false;
   // Device and random-weight models.
   std::string random_weights;   // preset name or config.json path

@@ -101,6 +101,16 @@ void run_bench(BenchArgs a) {
     if (a.temperature != 0) fail("--serving measures greedy requests: give --temperature 0");
   }
   LoadedModels m = load_bench_models(a, device);
+  if (const int block = m.draft_source ? m.draft_source->max_draft_tokens() : 0; block > 0) {
+    // A block drafter drafts at most its block per round: measure that by
+    // default, and refuse longer drafts by name.
+    if (!a.draft_tokens_given) a.draft_tokens = {block};
+    for (int k : a.draft_tokens) {
+      if (k > block)
+        fail("--draft-tokens {}: the drafter drafts at most {} tokens per round (its block size)",
+             k, block);
+    }
+  }
   if (a.serving) {
     const nlohmann::json rows = serving_table(a, m);
     if (a.json) {
@@ -187,7 +197,9 @@ void register_bench(CLI::App& app) {
   CLI::Option* batch = cmd->add_option(
       "--batch", args->batches, "Batch sizes (rows decoded together); --micro default: 1 8 32 64");
   batch->capture_default_str();
-  cmd->add_option("--draft-tokens,-k", args->draft_tokens, "Draft lengths to measure")
+  cmd->add_option("--draft-tokens,-k", args->draft_tokens,
+                  "Draft lengths to measure (default: 1 2 4 6; a DSpark drafter's block size)")
+      ->each([args](const std::string&) { args->draft_tokens_given = true; })
       ->capture_default_str();
   cmd->add_flag("--json", args->json, "Print one JSON object instead of a table");
   cmd->add_option("--random-weights", args->random_weights,
@@ -276,6 +288,11 @@ void register_bench(CLI::App& app) {
   cmd->footer(
       "--draft random (with --random-weights or --model) builds a random assistant drafter of "
       "the released shape for the target (head: --draft-head).\n"
+      "--draft random-dspark[:G] builds a random DSpark drafter (specula layout) of the seed's "
+      "default shape for the target (block 5, width 1024, 5 layers, Markov rank 256), with "
+      "block size G when given; random-dspark-deepspec[:G] one of DeepSpec's released shape "
+      "(Gemma4DSparkModel: block 7, 5 layers of the target's geometry). With --micro the "
+      "drafter's whole round (backbone and G head steps) is timed against a decode step.\n"
       "--draft replay:A0,A1,... (e.g. replay:0.84,0.60,0.39,0.27) is a SIMULATION for "
       "benchmarks: it runs the drafter of the shape (the embedded one for the embedded model, "
       "else a random one) for its cost, and proposes the target's own greedy output from the "
