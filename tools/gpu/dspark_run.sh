@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# One GPU run for DSpark (#31) and the CUDA hardening items (#34): the CUDA
+# test suite (DSpark parity and lossless tests, f32 golden generation), the
+# cost of a DSpark round against a 31B decode step for both layouts, and the
+# compute-sanitizer stage of run_gpu.sh. A summary table last; logs and JSON
+# under $OUT.
+#
+#   OUT=/tmp/out bash tools/gpu/dspark_run.sh BIN_DIR
+# BIN_DIR holds specula and specula_cuda_tests (or their .xz), built with
+# -DSPECULA_CUDA=ON for sm_90a (here or elsewhere: binaries built in another
+# checkout find models and fixtures through their compiled-in source path,
+# which is linked to this checkout when missing).
+# Environment: STAGES="tests cost sanitizer" (any subset), TEST_FILTER (gtest
+# filter), DRAFTS (the --draft values of the cost stage), SANITIZER_TOOLS.
+set -uo pipefail
+
+OUT=${OUT:?set OUT to the folder for logs and results}
+mkdir -p "$OUT"
+STAGES=${STAGES:-"tests cost"}
+DRAFTS=${DRAFTS:-"random-dspark:5 random-dspark:8 random-dspark-deepspec:5 random-dspark-deepspec:8"}
+BIN=${1:?give the folder holding specula and specula_cuda_tests}
+STATUS=$OUT/status.txt
+: >"$STATUS"
+
+has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
+note() { echo "$*" | tee -a "$STATUS"; }
+step() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  local t0=$SECONDS
+  echo "== $name: $*" >&2
+  timeout --kill-after=20 "$limit" "$@" >"$OUT/$log" 2>&1
+  local rc=$?
+  local what=ok
+  [[ $rc -eq 124 || $rc -eq 137 ]] && what="TIMEOUT after ${limit}s"
+  [[ $rc -ne 0 && $what == ok ]] && what="FAILED (exit $rc)"
+  note "$name: $what, $((SECONDS - t0)) s, log $log"
+  return $rc
+}
+
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  nvidia-smi --query-gpu=name,uuid,memory.total,driver_version --format=csv,noheader 2>&1
+} >"$OUT/machine.txt"
+cat "$OUT/machine.txt"
+
+for f in "$BIN"/*.xz; do [[ -e $f ]] && xz -dkf "$f"; done
+chmod +x "$BIN"/specula "$BIN"/specula_cuda_tests 2>/dev/null
+SPECULA=$BIN/specula
+TESTS=$BIN/specula_cuda_tests
+src=$(strings "$SPECULA" | grep -m1 -o '/[^ ]*/models$' | sed 's#/models$##')
+if [[ -n $src && ! -e $src ]]; then
+  mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src" && note "linked $src -> $PWD"
+fi
+
+if has_stage tests; then
+  step cuda_tests 420 cuda_tests.log "$TESTS" --gtest_brief=1 \
+    ${TEST_FILTER:+--gtest_filter="$TEST_FILTER"} --gtest_output="json:$OUT/cuda_tests.json"
+  tail -5 "$OUT/cuda_tests.log"
+fi
+
+if has_stage cost; then
+  # A DSpark round (backbone + γ head steps, batch 1, device chain) against a
+  # 31B decode step at context 512, random bf16 weights.
+  for d in $DRAFTS; do
+    name=${d//:/_}
+    step "cost $d" 240 "cost_$name.log" bash -c "'$SPECULA' bench --device cuda \
+      --random-weights 31b --micro --batch 1 --prefill-tokens 256 --reps 20 --gen-tokens 32 \
+      --draft $d --json >'$OUT/cost_$name.json'"
+  done
+fi
+
+if has_stage sanitizer; then
+  # run_gpu.sh's stage, on these binaries.
+  mkdir -p build-gpu/apps build-gpu/tests
+  ln -sf "$PWD/$SPECULA" build-gpu/apps/specula
+  ln -sf "$PWD/$TESTS" build-gpu/tests/specula_cuda_tests
+  SKIP_BUILD=1 STAGES=sanitizer OUT=$OUT bash tools/gpu/run_gpu.sh >"$OUT/sanitizer_run.log" 2>&1
+  note "sanitizer stage: exit $?"
+fi
+
+echo
+echo "== summary"
+cat "$STATUS"
+if has_stage tests && [[ -s $OUT/cuda_tests.json ]]; then
+  python3 - "$OUT/cuda_tests.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+failed = [f"{s['name']}.{t['name']}" for s in j["testsuites"] for t in s["testsuite"]
+          if t.get("failures")]
+print(f"cuda tests: {j['tests']} run, {j['failures']} failed, {j.get('disabled', 0)} disabled")
+for f in failed[:30]:
+    print("  FAILED", f)
+PY
+fi
+if has_stage cost; then
+  python3 - "$OUT" $DRAFTS <<'PY'
+import json, os, sys
+out = sys.argv[1]
+print(f"{'drafter':<28} {'GB':>6} {'round ms':>9} {'step0 ms':>9} {'head ms':>8} {'decode ms':>10} {'ratio':>7}  e2e tau / speedup")
+for d in sys.argv[2:]:
+    p = os.path.join(out, "cost_" + d.replace(":", "_") + ".json")
+    try:
+        j = json.load(open(p))
+    except Exception as e:  # noqa: BLE001
+        print(f"{d:<28} (no result: {type(e).__name__})")
+        continue
+    r = j["micro"].get("drafter") or {}
+    e2e = [x for x in j.get("results", []) if x.get("mode") == "speculative"]
+    e = e2e[0] if e2e else {}
+    print(f"{d:<28} {r.get('weight_bytes', 0) / 1e9:>6.2f} {r.get('round_ms', 0):>9.3f} "
+          f"{r.get('backbone_ms', 0):>9.3f} {r.get('head_step_ms', 0):>8.3f} "
+          f"{r.get('target_step_ms', 0):>10.3f} {100 * r.get('ratio', 0):>6.2f}%  "
+          f"{e.get('tau', '-')} / {e.get('speedup', '-')}")
+PY
+fi
+if [[ -s $OUT/sanitizer_summary.txt ]]; then
+  echo "compute-sanitizer:"
+  cat "$OUT/sanitizer_summary.txt"
+fi
