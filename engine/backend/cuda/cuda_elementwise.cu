@@ -584,18 +584,25 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- gather_rows ----
 
-// Block-stride over output rows, threads over a row's 4-byte words. An index
-// outside [0, R) (a caller bug the CPU backend reports) leaves its row as it was
+// Blocks stride over (row, piece) pairs, a piece being kGatherPiece 4-byte
+// words of a row, so that a few wide rows (a vocabulary-wide logits row is
+// 1 MB) spread over many SMs rather than one block each. An index outside
+// [0, R) (a caller bug the CPU backend reports) leaves its row as it was
 // rather than reading out of bounds.
+constexpr int64_t kGatherPiece = 4096;
 __global__ void gather_rows_kernel(const uint32_t* __restrict__ src,
                                    const int32_t* __restrict__ idx, uint32_t* __restrict__ out,
-                                   int64_t rows, int64_t src_rows, int64_t row_words) {
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+                                   int64_t rows, int64_t src_rows, int64_t row_words,
+                                   int64_t pieces_per_row) {
+  for (int64_t b = blockIdx.x; b < rows * pieces_per_row; b += gridDim.x) {
+    const int64_t r = b / pieces_per_row;
     const int32_t from = idx[r];
     if (from < 0 || from >= src_rows) continue;
+    const int64_t begin = (b % pieces_per_row) * kGatherPiece;
+    const int64_t end = min(begin + kGatherPiece, row_words);
     const uint32_t* in = src + static_cast<int64_t>(from) * row_words;
     uint32_t* o = out + r * row_words;
-    for (int64_t w = threadIdx.x; w < row_words; w += blockDim.x) o[w] = in[w];
+    for (int64_t w = begin + threadIdx.x; w < end; w += blockDim.x) o[w] = in[w];
   }
 }
 
@@ -895,10 +902,11 @@ void CudaBackend::gather_rows(const Tensor& src, const Tensor& idx, const Tensor
   const ops::GatherRowsDims d = ops::check_gather_rows(kOp, src, idx, out);
   if (d.rows == 0 || d.row_words == 0) return;
   const int threads = d.row_words >= 256 ? 256 : 32;
-  gather_rows_kernel<<<static_cast<unsigned>(std::min<int64_t>(d.rows, kMaxBlocks)), threads, 0,
-                       stream()>>>(static_cast<const uint32_t*>(src.data()),
-                                   idx.data_as<const int32_t>(), static_cast<uint32_t*>(out.data()),
-                                   d.rows, d.src_rows, d.row_words);
+  const int64_t pieces = (d.row_words + kGatherPiece - 1) / kGatherPiece;
+  gather_rows_kernel<<<static_cast<unsigned>(std::min<int64_t>(d.rows * pieces, kMaxBlocks)),
+                       threads, 0, stream()>>>(
+      static_cast<const uint32_t*>(src.data()), idx.data_as<const int32_t>(),
+      static_cast<uint32_t*>(out.data()), d.rows, d.src_rows, d.row_words, pieces);
   check_cuda(cudaGetLastError(), "gather_rows_kernel");
 }
 

@@ -519,7 +519,9 @@ Tensor DSparkModel::head_step(int slot, std::span<const int32_t> u_rows, const T
   }
   const Tensor idx(static_cast<int32_t*>(step_idx_.data()) + slot * step_idx_rows_, DType::kI32,
                    {Bk}, be.device());
-  be.upload_async(u_rows.data(), idx);
+  // One row (batch 1) reads its base row in place: no index upload, no gather.
+  const bool one = Bk == 1;
+  if (!one) be.upload_async(u_rows.data(), idx);
   const bool conf = has_confidence_head() && !confidence.empty();
   if (conf && Bk > bias_rows_n_) {
     bias_rows_n_ = std::max<int64_t>(Bk, block_rows_);
@@ -536,18 +538,25 @@ Tensor DSparkModel::head_step(int slot, std::span<const int32_t> u_rows, const T
     }
     ec = a.alloc(DType::kF32, {Bk, 1});
   });
-  be.gather_rows(U_, idx, logits);
+  const Tensor u_one = one ? U_.slice_rows(u_rows[0], u_rows[0] + 1) : Tensor();
+  if (!one) be.gather_rows(U_, idx, logits);
   if (r > 0) {
     // logits = U_k + W1[prev]·W2ᵀ
     be.embedding(weights_.markov_w1, prev, 1.0f, e);
     be.linear(e, weights_.markov_w2, bias);
-    be.add(logits, bias, logits);
+    be.add(one ? u_one : logits, bias, logits);
+  } else if (one) {
+    be.copy(u_one, logits);
   }
   if (conf) {
     if (confidence.dtype() != DType::kF32 || confidence.numel() != Bk)
       fail("dspark head step: confidence {} must be f32 [{}]", confidence.describe(), Bk);
     const Tensor out = confidence.reshape({Bk, 1});
-    be.gather_rows(hconf_, idx, out);
+    if (one) {
+      be.copy(hconf_.slice_rows(u_rows[0], u_rows[0] + 1), out);
+    } else {
+      be.gather_rows(hconf_, idx, out);
+    }
     if (c.confidence_with_markov && r > 0) {
       const Tensor w_e(static_cast<char*>(weights_.confidence_weight.data()) +
                            static_cast<size_t>(d) * dtype_size(weights_.confidence_weight.dtype()),
