@@ -68,7 +68,6 @@ TEST_P(CudaDSpark, RandomDrafterMatchesTheCpu) {
   const dspark::DSparkConfig config = testing::small_dspark(layout, tc, kGamma);
   auto cpu = DSparkModel::random(config, *cpu_target, cpu_target->backend(), 31, DType::kF32);
   auto gpu = DSparkModel::random(config, *gpu_target, gpu_target->backend(), 31, DType::kF32);
-  Backend& cb = cpu_target->backend();
   Backend& gb = gpu_target->backend();
   const int64_t V = tc.vocab_size, H = tc.hidden_size;
   const auto m = static_cast<int64_t>(config.taps.size());
@@ -193,8 +192,11 @@ TEST_P(CudaDSpark, GreedyOutputIdenticalWithAndWithoutDrafter) {
         for (size_t i = 0; i < reqs.size(); ++i) {
           ASSERT_EQ(got[i].tokens, plain[i].tokens)
               << "batch " << batch << " k " << k << (prune ? " pruned" : "") << " row " << i;
-          if (prune) pruned += got[i].stats.pruned;
-          if (!prune) EXPECT_EQ(got[i].stats.pruned, 0);
+          if (prune) {
+            pruned += got[i].stats.pruned;
+          } else {
+            EXPECT_EQ(got[i].stats.pruned, 0);
+          }
         }
         EXPECT_EQ(drafter.live_sequences(), 0) << "every sequence released";
       }
