@@ -392,6 +392,10 @@ DSparkConfig default_deepspec_config(const gemma4::Gemma4Config& target) {
   c.text.layer_types.assign(5, gemma4::LayerType::kFull);
   c.text.num_kv_shared_layers = 0;
   c.text.tie_word_embeddings = false;
+  // The drafter's own layers are dense and take no per-layer inputs, whatever
+  // the target's (E2B/E4B have per-layer inputs, 26B-A4B MoE blocks).
+  c.text.hidden_size_per_layer_input = 0;
+  c.text.enable_moe_block = false;
   c.text.finalize("default DeepSpec DSpark config");
   c.block_size = 7;
   c.mask_token_id = std::min(4, target.vocab_size - 1);

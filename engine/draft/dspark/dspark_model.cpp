@@ -242,14 +242,18 @@ void DSparkModel::commit_context(std::span<const ContextPiece> pieces, const Ten
   const int64_t d = c.hidden_size, KVD = int64_t{c.num_kv_heads} * c.head_dim;
   const bool deepspec = c.layout == DSparkLayout::kDeepSpec;
   CommitScratch& s = *commit_;
+  // Carved for the forward's M tokens (N <= M unless pieces overlap), then
+  // viewed as N rows: a round commits anywhere from one row per sequence to
+  // its whole window, and the scratch must not grow with what it accepted.
+  const int64_t R = std::max(N, M);
   carve_into(commit_arena_, be, [&](Arena& a) {
-    s.positions = a.alloc(DType::kI32, {N});
+    s.positions = a.alloc(DType::kI32, {R}).slice_rows(0, N);
     s.tt = a.alloc(DType::kF32, {M, m * H});
-    s.cin = a.alloc(DType::kF32, {N, m * H});
-    s.ctx = a.alloc(DType::kF32, {N, d});
-    s.nc = a.alloc(DType::kF32, {N, d});
-    s.k = a.alloc(DType::kF32, {N, KVD});
-    s.v = a.alloc(DType::kF32, {N, KVD});
+    s.cin = a.alloc(DType::kF32, {R, m * H}).slice_rows(0, N);
+    s.ctx = a.alloc(DType::kF32, {R, d}).slice_rows(0, N);
+    s.nc = a.alloc(DType::kF32, {R, d}).slice_rows(0, N);
+    s.k = a.alloc(DType::kF32, {R, KVD}).slice_rows(0, N);
+    s.v = a.alloc(DType::kF32, {R, KVD}).slice_rows(0, N);
   });
   if (deepspec) {
     host_idx_.clear();

@@ -110,6 +110,13 @@ class DSparkModel {
 
   // Start of the block scratch (moves only when a block needs more than any before).
   const void* arena_base() const { return block_arena_.base(); }
+  // Bytes held by the scratch arenas (commit, block, head steps): grows only
+  // for a forward, a block or a step of more rows than any before, so that
+  // steady-state rounds leave it unchanged (what the tests check on the CPU,
+  // whose arenas are host memory the backend does not count).
+  size_t scratch_bytes() const {
+    return commit_arena_.capacity() + block_arena_.capacity() + step_arena_.capacity();
+  }
 
  private:
   DSparkModel() = default;

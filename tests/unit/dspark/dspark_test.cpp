@@ -15,6 +15,8 @@
 #include "engine/draft/dspark/dspark_drafter.h"
 #include "engine/speculative/decoder.h"
 #include "engine/speculative/engine.h"
+#include "tests/unit/dspark/dspark_engine_check.h"
+#include "tests/unit/dspark/dspark_test_util.h"
 #include "tests/unit/model/golden_util.h"
 
 namespace specula {
@@ -42,29 +44,9 @@ std::string temp_dir(const std::string& name) {
   return d;
 }
 
-// A small specula-layout drafter for the dense_kev target.
+// Small drafters for the dense_kev target (dspark_test_util.h).
 DSparkConfig small_specula(const gemma4::Gemma4Config& t, int gamma) {
-  DSparkConfig c = dspark::default_specula_config(t);
-  c.block_size = gamma;
-  c.hidden_size = 32;
-  c.num_layers = 2;
-  c.num_heads = 4;
-  c.num_kv_heads = 4;
-  c.head_dim = 8;
-  c.intermediate_size = 64;
-  c.markov_rank = 8;
-  return c;
-}
-
-DSparkConfig small_deepspec(const gemma4::Gemma4Config& t, int gamma) {
-  DSparkConfig c = dspark::default_deepspec_config(t);
-  c.block_size = gamma;
-  c.markov_rank = 8;
-  c.num_layers = 2;
-  c.text.num_hidden_layers = 2;
-  c.text.layer_types.assign(2, gemma4::LayerType::kFull);
-  c.text.finalize("test");
-  return c;
+  return testing::small_specula_dspark(t, gamma);
 }
 
 json specula_json() {
@@ -86,9 +68,8 @@ class DSparkTest : public ::testing::Test {
   static std::unique_ptr<DSparkModel> random_model(DSparkLayout layout, int gamma,
                                                    uint64_t seed = 7) {
     const gemma4::Gemma4Config& t = target_->config();
-    return DSparkModel::random(
-        layout == DSparkLayout::kSpecula ? small_specula(t, gamma) : small_deepspec(t, gamma),
-        *target_, target_->backend(), seed, DType::kF32);
+    return DSparkModel::random(testing::small_dspark(layout, t, gamma), *target_,
+                               target_->backend(), seed, DType::kF32);
   }
   // The target's taps of `seq` (one forward), f32 [m, N, H] in `buf`.
   static Tensor taps_of(const std::vector<int32_t>& seq, std::span<const int> taps,
@@ -213,6 +194,21 @@ TEST_F(DSparkTest, RefusesACheckpointForAnotherTarget) {
   EXPECT_NE(e.find("vocab_size 300, but the target has 128"), std::string::npos) << e;
 }
 
+// The DeepSpec default for a target with per-layer inputs (the e2b_like
+// fixture, as Gemma 4 E2B/E4B): the drafter's own layers have none, so the
+// default builds (--draft random-dspark-deepspec) instead of being refused.
+TEST_F(DSparkTest, DeepSpecDefaultServesATargetWithPerLayerInputs) {
+  if (!testing::golden_exists("e2b_like")) GTEST_SKIP() << "e2b_like missing";
+  auto target = gemma4::Gemma4Model::load(testing::golden_dir("e2b_like"));
+  ASSERT_TRUE(target->config().has_ple());
+  const DSparkConfig c = dspark::default_deepspec_config(target->config());
+  EXPECT_FALSE(c.text.has_ple());
+  EXPECT_FALSE(c.text.enable_moe_block);
+  auto model = DSparkModel::random(c, *target, target->backend(), 5, DType::kF32);
+  EXPECT_EQ(model->block_size(), 7);
+  EXPECT_EQ(model->config().taps.back(), target->config().num_hidden_layers);
+}
+
 TEST_F(DSparkTest, WeightShapeErrorsNameTheTensor) {
   const std::string dir = temp_dir("bad_shape");
   random_model(DSparkLayout::kSpecula, 4)->save(dir);
@@ -297,6 +293,29 @@ TEST_F(DSparkTest, IncrementalContextEqualsFromScratch) {
     const std::string e = error_of([&] { m->commit_context(std::span(&gap, 1), taps); });
     EXPECT_NE(e.find("committed position 23"), std::string::npos) << e;
     EXPECT_EQ(pieces.length(), 22);
+  }
+}
+
+// A round commits anywhere from one row per sequence (nothing accepted) to
+// its whole verify window (all accepted): the context commit's scratch must
+// depend on the forward's tokens only, so that a round accepting more than
+// any before allocates nothing.
+TEST_F(DSparkTest, CommitScratchDependsOnTheForwardOnly) {
+  for (DSparkLayout layout : {DSparkLayout::kSpecula, DSparkLayout::kDeepSpec}) {
+    auto m = random_model(layout, 4);
+    std::vector<int32_t> seq;
+    for (int i = 0; i < 24; ++i) seq.push_back((i * 41 + 7) % 128);
+    std::vector<float> buf;
+    const Tensor taps = taps_of(seq, m->config().taps, &buf);
+    SequenceKv kv = m->new_context();
+    const dspark::ContextPiece small{.kv = &kv, .position = 0, .count = 1, .tap_row = 0};
+    m->commit_context(std::span(&small, 1), taps);
+    const int64_t before = target_->backend().allocation_count();
+    const size_t scratch = m->scratch_bytes();
+    const dspark::ContextPiece all{.kv = &kv, .position = 1, .count = 23, .tap_row = 1};
+    m->commit_context(std::span(&all, 1), taps);
+    EXPECT_EQ(target_->backend().allocation_count(), before) << testing::layout_name(layout);
+    EXPECT_EQ(m->scratch_bytes(), scratch) << testing::layout_name(layout);
   }
 }
 
@@ -483,6 +502,25 @@ TEST_P(DSparkLossless, PrunedOutputEqualsPlainDecoding) {
   std::vector<float> bad(static_cast<size_t>(lc.gamma), 0.5f);
   bad[1] = 1.5f;
   EXPECT_NE(error_of([&] { drafter.set_thresholds(bad); }).find("1.5"), std::string::npos);
+}
+
+// After warm-up, DSpark rounds (device and host rounds, greedy and sampled
+// rows, with and without pruning) make no backend allocation: the model's
+// arenas and the drafter's buffers grow only for shapes larger than before.
+TEST_P(DSparkLossless, SteadyRoundsMakeNoBackendAllocations) {
+  const LosslessCase lc = GetParam();
+  auto model = random_model(lc.layout, lc.gamma, 17);
+  DSparkDrafter drafter(*target_, *model);
+  for (bool prune : {false, true}) {
+    drafter.set_thresholds(prune ? std::vector<float>(static_cast<size_t>(lc.gamma), 0.5f)
+                                 : std::vector<float>());
+    for (bool host : {false, true}) {
+      const int64_t n = testing::dspark_steady_allocations(
+          *target_, drafter, *model, {.rows = 4, .draft_tokens = lc.gamma, .host_rounds = host});
+      EXPECT_EQ(n, 0) << "backend allocations in steady-state rounds" << (prune ? ", pruned" : "")
+                      << (host ? ", host rounds" : ", device rounds");
+    }
+  }
 }
 
 // Sampling rows run through the engine, and after every step the context

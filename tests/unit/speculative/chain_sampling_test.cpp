@@ -30,7 +30,7 @@
 // given its prefix it too must follow p. (Accepted drafts and residual samples
 // on their own follow other laws; only their union with the rest is p.)
 //
-// The models: the e2b_like fixture (vocabulary 128) and five drafters, as the
+// The models: the e2b_like fixture (vocabulary 128) and seven drafters, as the
 // embedded family costs ~25 times more per token and the test must stay
 // within a few seconds on one core:
 //   - its assistant (takes device inputs, so its rows sample with the
@@ -46,7 +46,13 @@
 //     unless a hash of the history and the drafts before j says stop (a
 //     stopping rule, as confidence pruning is): pruned windows on device
 //     rounds and on host rounds, and bonus tokens after every kept draft was
-//     accepted.
+//     accepted;
+//   - "dspark" and "dspark+prune": a random DSpark block drafter (specula
+//     layout, γ 8: one backbone pass per round, the head steps chained on the
+//     device), without and with confidence pruning (threshold 0.5 at every
+//     position; c_k reads draft k-1, a stopping rule). Random weights: accepted
+//     ~1% of the time, so this covers its proposals' q and the pruned windows'
+//     residuals and bonus tokens, not long accepted chains (close does that).
 // Each drafter runs 100 rows per (k, row type): top-k 8 and top-p 0.8 rows at
 // temperature 0.8, 16 tokens each.
 //
@@ -79,8 +85,10 @@
 #include <vector>
 
 #include "engine/draft/assistant/assistant_drafter.h"
+#include "engine/draft/dspark/dspark_drafter.h"
 #include "engine/sampling/sampler.h"
 #include "engine/speculative/decoder.h"
+#include "tests/unit/dspark/dspark_test_util.h"
 #include "tests/unit/model/golden_util.h"
 #include "tests/unit/speculative/pruning_drafter.h"
 
@@ -226,6 +234,10 @@ double chi2_limit(int dof, double z) {
 constexpr double kZ1e4 = 3.719;  // one-sided 1e-4
 constexpr double kZ1e3 = 3.090;  // one-sided 1e-3
 
+// The DSpark drafter's pruning threshold: at its seed it cuts most drafts past
+// position 0 (a cut at the first position below it), some rows keeping more.
+constexpr float kDSparkThreshold = 0.5f;
+
 TEST(SpeculativeChains, EveryPositionFollowsTheTarget) {
   if (!testing::golden_exists("e2b_like") || !testing::golden_exists("e2b_like_assistant"))
     GTEST_SKIP() << "fixtures missing";
@@ -241,6 +253,14 @@ TEST(SpeculativeChains, EveryPositionFollowsTheTarget) {
   PruningDrafter assistant_pruned(assistant, target->backend(), PruningDrafter::Rule::kStopping);
   PruningDrafter close_pruned(close, target->backend(), PruningDrafter::Rule::kStopping);
   assistant_pruned.check_greedy = close_pruned.check_greedy = false;
+  // DSpark: a random specula-layout block drafter of γ 8 over the target's
+  // taps (device inputs: its rows sample with the backend's ops), without and
+  // with confidence pruning (kDSparkThreshold at every position).
+  auto dspark_model =
+      dspark::DSparkModel::random(testing::small_specula_dspark(target->config(), 8), *target,
+                                  target->backend(), 21, DType::kF32);
+  dspark::DSparkDrafter dspark_plain(*target, *dspark_model), dspark_pruned(*target, *dspark_model);
+  dspark_pruned.set_thresholds(std::vector<float>(8, kDSparkThreshold));
   const std::vector<int32_t> prompt = {5, 17, 33, 2, 90, 41, 7};
   const int64_t V = target->config().vocab_size;
 
@@ -266,7 +286,8 @@ TEST(SpeculativeChains, EveryPositionFollowsTheTarget) {
   for (const Drafted& d :
        {Drafted{"assistant", &assistant, false}, Drafted{"close", &close, false},
         Drafted{"sharp", &sharp, false}, Drafted{"assistant+prune", &assistant_pruned, true},
-        Drafted{"close+prune", &close_pruned, true}}) {
+        Drafted{"close+prune", &close_pruned, true}, Drafted{"dspark", &dspark_plain, false},
+        Drafted{"dspark+prune", &dspark_pruned, true}}) {
     // One engine call: every (k, kind) case's rows, each with its own seed.
     std::vector<DecodeRequest> reqs;
     for (int ki = 0; ki < 2; ++ki) {
