@@ -49,11 +49,27 @@ std::vector<lab::DraftRound> run_prompts(LoadedModels& m, ConfidenceRecorder& re
                                          const SamplingParams& params, int gamma, int batch,
                                          size_t* done, size_t total) {
   const bool tty = isatty(STDERR_FILENO);
+  size_t recorded = recorder.rounds().size();
   for (size_t at = 0; at < prompts.size(); at += static_cast<size_t>(batch)) {
     std::vector<speculative::DecodeRequest> reqs;
     for (size_t i = at; i < std::min(prompts.size(), at + static_cast<size_t>(batch)); ++i)
       reqs.push_back({.prompt = prompts[i], .params = params});
-    speculative::decode(*m.target, &recorder, reqs, {.draft_tokens = gamma});
+    int64_t drafted = 0, accepted = 0;
+    for (const speculative::DecodeResult& r :
+         speculative::decode(*m.target, &recorder, reqs, {.draft_tokens = gamma})) {
+      drafted += r.stats.drafted;
+      accepted += r.stats.accepted;
+    }
+    // The record must agree with the engine's own counters.
+    int64_t rec_drafted = 0, rec_accepted = 0;
+    for (size_t i = recorded; i < recorder.rounds().size(); ++i) {
+      rec_drafted += static_cast<int64_t>(recorder.rounds()[i].confidences.size());
+      rec_accepted += recorder.rounds()[i].accepted;
+    }
+    recorded = recorder.rounds().size();
+    SPECULA_CHECK(rec_drafted == drafted && rec_accepted == accepted,
+                  "calibration record: {} drafted / {} accepted, the engine counted {} / {}",
+                  rec_drafted, rec_accepted, drafted, accepted);
     *done += reqs.size();
     if (tty) fmt::print(stderr, "\rcalibrate: prompts {}/{}", *done, total);
   }

@@ -42,6 +42,8 @@ class ConfidenceRecorder : public Drafter {
   void draft_lengths(std::span<const DraftRow> rows, std::span<const int> drafted,
                      std::span<int> keep) override;
 
+  // The rounds recorded since the last take_rounds(), in commit order.
+  const std::vector<lab::DraftRound>& rounds() const { return rounds_; }
   // The rounds recorded since the last take_rounds(), in commit order; clears them.
   std::vector<lab::DraftRound> take_rounds();
 
