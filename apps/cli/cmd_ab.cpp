@@ -77,7 +77,8 @@ lab::PromptRun prompt_run(const speculative::DecodeStats& s, double wall_ms) {
           .accepted_by_pos = s.accepted_at};
 }
 
-// Greedy decoding of one prompt on one arm; returns the tokens and appends its run.
+// Greedy decoding of one prompt on one arm; returns the tokens and appends its
+// run, timed over the whole call (prefill included: both arms pay the same one).
 std::vector<int32_t> run_one(LoadedModels& m, Arm& arm, const speculative::DecodeRequest& req,
                              bool record) {
   const auto t0 = std::chrono::steady_clock::now();
