@@ -19,5 +19,7 @@ void register_draft_trace(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_serve(CLI::App& app);
 void register_bench_serve(CLI::App& app);
+void register_calibrate(CLI::App& app);
+void register_ab(CLI::App& app);
 
 }  // namespace specula::cli

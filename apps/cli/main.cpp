@@ -22,6 +22,8 @@ int main(int argc, char** argv) {
   specula::cli::register_bench(app);
   specula::cli::register_serve(app);
   specula::cli::register_bench_serve(app);
+  specula::cli::register_calibrate(app);
+  specula::cli::register_ab(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

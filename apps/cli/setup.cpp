@@ -134,28 +134,7 @@ LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_token
   if (with_draft && !args.no_draft) {
     m.draft_dir = args.draft;
     if (m.draft_dir.empty() && is_default) m.draft_dir = models_root() + "/" + kDefaultDrafter;
-    if (m.draft_dir == "ngram") {
-      m.draft_source = std::make_unique<ngram::NgramDrafter>(
-          c.vocab_size,
-          ngram::NgramOptions{.min_n = args.prompt_lookup_min, .max_n = args.prompt_lookup_max});
-      if (!quiet) {
-        fmt::print(stderr, "drafter: ngram (prompt lookup, suffixes of {}..{} tokens)\n",
-                   args.prompt_lookup_min, args.prompt_lookup_max);
-      }
-    } else if (!m.draft_dir.empty() && dspark::is_dspark_dir(m.draft_dir)) {
-      load_dspark(m, m.draft_dir, args, quiet);
-    } else if (!m.draft_dir.empty()) {
-      auto t1 = std::chrono::steady_clock::now();
-      m.drafter = assistant::AssistantModel::load(m.draft_dir, c, m.target->backend(),
-                                                  !args.no_weight_scan);
-      m.draft_source = std::make_unique<assistant::AssistantDrafter>(*m.target, *m.drafter);
-      if (!quiet) {
-        fmt::print(stderr, "drafter: assistant {} ({} layers, hidden {}, {}; {:.2f} s)\n",
-                   m.draft_dir, m.drafter->config().text.num_hidden_layers,
-                   m.drafter->config().text.hidden_size, m.drafter->head_description(),
-                   seconds_since(t1));
-      }
-    }
+    if (!m.draft_dir.empty()) load_drafter(m, m.draft_dir, args, quiet);
   }
   if (with_tokenizer) {
     const std::string tokenizer_path = args.tokenizer.empty() ? m.model_dir : args.tokenizer;
@@ -169,6 +148,31 @@ LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_token
     }
   }
   return m;
+}
+
+void load_drafter(LoadedModels& m, const std::string& dir, const ModelArgs& args, bool quiet) {
+  const gemma4::Gemma4Config& c = m.target->config();
+  m.draft_dir = dir;
+  if (dir == "ngram") {
+    m.draft_source = std::make_unique<ngram::NgramDrafter>(
+        c.vocab_size,
+        ngram::NgramOptions{.min_n = args.prompt_lookup_min, .max_n = args.prompt_lookup_max});
+    if (!quiet) {
+      fmt::print(stderr, "drafter: ngram (prompt lookup, suffixes of {}..{} tokens)\n",
+                 args.prompt_lookup_min, args.prompt_lookup_max);
+    }
+  } else if (dspark::is_dspark_dir(dir)) {
+    load_dspark(m, dir, args, quiet);
+  } else {
+    auto t1 = std::chrono::steady_clock::now();
+    m.drafter = assistant::AssistantModel::load(dir, c, m.target->backend(), !args.no_weight_scan);
+    m.draft_source = std::make_unique<assistant::AssistantDrafter>(*m.target, *m.drafter);
+    if (!quiet) {
+      fmt::print(stderr, "drafter: assistant {} ({} layers, hidden {}, {}; {:.2f} s)\n", dir,
+                 m.drafter->config().text.num_hidden_layers, m.drafter->config().text.hidden_size,
+                 m.drafter->head_description(), seconds_since(t1));
+    }
+  }
 }
 
 void add_sampling_options(CLI::App* cmd, SamplingArgs& args, int default_max_tokens) {

@@ -70,6 +70,12 @@ void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft);
 // on stderr unless quiet.
 LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_tokenizer, bool quiet);
 
+// Loads the drafter `dir` names for models.target into `models` (replacing
+// draft_source and draft_dir; drafter or dspark set by kind): "ngram", a
+// DSpark folder (either layout, pruning per apply_pruning) or an assistant
+// checkpoint. A drafter made for another target throws the loader's Error.
+void load_drafter(LoadedModels& models, const std::string& dir, const ModelArgs& args, bool quiet);
+
 struct SamplingArgs {
   SamplingParams params;
   std::vector<int32_t> stop_ids;

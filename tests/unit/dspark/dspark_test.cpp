@@ -5,6 +5,7 @@
 // random DSpark drafters (both layouts) is lossless against plain decoding.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 #include <random>
 
 #include "engine/draft/dspark/dspark_drafter.h"
+#include "engine/io/safetensors.h"
 #include "engine/speculative/decoder.h"
 #include "engine/speculative/engine.h"
 #include "tests/unit/dspark/dspark_engine_check.h"
@@ -519,6 +521,64 @@ TEST_P(DSparkLossless, SteadyRoundsMakeNoBackendAllocations) {
           *target_, drafter, *model, {.rows = 4, .draft_tokens = lc.gamma, .host_rounds = host});
       EXPECT_EQ(n, 0) << "backend allocations in steady-state rounds" << (prune ? ", pruned" : "")
                       << (host ? ", host rounds" : ", device rounds");
+    }
+  }
+}
+
+// Issue #33: a zero-initialized Markov W2 and confidence head give every
+// confidence σ(0) = 0.5, so a threshold of 0.6 cuts every block after its
+// first draft (position 0 is never cut): every round verifies one draft, and
+// greedy output still equals plain decoding.
+TEST_F(DSparkTest, ThresholdAboveAZeroInitializedHeadPrunesTheBlockToOneToken) {
+  const int gamma = 5;
+  auto random = random_model(DSparkLayout::kSpecula, gamma, 23);
+  const std::string dir = temp_dir("zero_confidence");
+  random->save(dir);
+  // Rewrite the weights with markov.w2 and the confidence head zeroed.
+  const std::string file = dir + "/model.safetensors";
+  std::vector<std::vector<uint8_t>> data;
+  std::vector<io::NamedTensor> tensors;
+  int zeroed = 0;
+  {
+    io::SafetensorsFile in(file);
+    for (const io::TensorInfo& info : in.tensors()) {
+      const Tensor t = in.get(info.name);
+      const auto* bytes = static_cast<const uint8_t*>(t.data());
+      data.emplace_back(bytes, bytes + t.nbytes());
+      if (info.name == "markov.w2" || info.name.starts_with("confidence.")) {
+        std::fill(data.back().begin(), data.back().end(), uint8_t{0});
+        ++zeroed;
+      }
+    }
+    for (size_t i = 0; i < in.tensors().size(); ++i) {
+      const io::TensorInfo& info = in.tensors()[i];
+      tensors.push_back({info.name, Tensor(data[i].data(), info.dtype, info.shape)});
+    }
+  }
+  ASSERT_EQ(zeroed, 3) << "markov.w2, confidence.weight, confidence.bias";
+  io::write_safetensors(file, tensors);
+
+  auto model = DSparkModel::load(dir, *target_, target_->backend());
+  DSparkDrafter drafter(*target_, *model);
+  drafter.set_thresholds(std::vector<float>(gamma, 0.6f));
+  const auto reqs = greedy_requests(3, 77, 12);
+  const auto plain = speculative::decode(*target_, nullptr, reqs, {.draft_tokens = 1});
+  for (bool host : {false, true}) {
+    const auto got = speculative::decode(*target_, &drafter, reqs, {.draft_tokens = gamma}, {},
+                                         {.host_rounds = host});
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, plain[i].tokens) << "request " << i;
+      const speculative::DecodeStats& s = got[i].stats;
+      ASSERT_FALSE(s.round_drafted.empty());
+      // Rounds near max_tokens may draft nothing; none verifies more than one.
+      for (int32_t d : s.round_drafted) EXPECT_LE(d, 1) << "request " << i << (host ? " host" : "");
+      EXPECT_EQ(s.drafted, static_cast<int64_t>(
+                               std::count(s.round_drafted.begin(), s.round_drafted.end(), 1)));
+      EXPECT_GT(s.drafted, 0);
+      EXPECT_GT(s.pruned, 0);
+    }
+    for (float c : drafter.last_confidences()) {
+      if (!std::isnan(c)) EXPECT_FLOAT_EQ(c, 0.5f);
     }
   }
 }
