@@ -105,6 +105,7 @@ if has_stage sanitizer; then
   kernel_tests+=':*CudaMoe.*:*CudaSampling.*:*CudaLogprobs.*:*CudaPdlOrder.*'
   model_tests='*CudaGolden*:*CudaSpeculation*:*CudaGraphs.*:*CudaDraftGraphs.*:*CudaSteadyState.*'
   model_tests+=':*CudaTaps.*:*CudaEmbedded.*:*CudaDeviceSampling.*:*CudaDeviceSamplingPenalties.*'
+  model_tests+=':*CudaDSpark*:*CudaGoldenGeneration*'
   declare -A filter=(
     [memcheck]='*-*CudaDeviceSamplingDistribution.*:*CudaEngineUnderLoad.*'
     [racecheck]=$kernel_tests
