@@ -65,6 +65,12 @@ struct DeviceRounds {
     host_idx.resize(static_cast<size_t>(idx_size()));
     host_pending.resize(static_cast<size_t>(B));
     host_ids.resize(static_cast<size_t>(ids_size() - B));
+    // Zeroed once: the round's one readback spans the whole section, slots
+    // this round did not write included (fewer rows or drafts than the
+    // capacity), so it never reads uninitialised device memory.
+    std::vector<int32_t> zeros(static_cast<size_t>(std::max(ids_size(), idx_size())), 0);
+    be.upload(zeros.data(), ids.view(DType::kI32, {ids_size()}));
+    be.upload(zeros.data(), idx.view(DType::kI32, {idx_size()}));
   }
   // Allocates the sampling buffers (once; later calls do nothing).
   void enable_sampling(Backend& be) {

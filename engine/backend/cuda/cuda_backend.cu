@@ -82,7 +82,9 @@ void* CudaBackend::allocate(size_t bytes) {
 }
 
 void CudaBackend::release(void* p) noexcept {
-  if (p) cudaFree(p);
+  if (p == nullptr) return;
+  ++release_generation_;
+  cudaFree(p);
 }
 
 void* CudaBackend::scratch(Scratch& s, size_t bytes) {
@@ -197,8 +199,9 @@ namespace {
 // A captured and instantiated CUDA graph, with the scratch generation it saw.
 class CudaStepGraph final : public StepGraph {
  public:
-  CudaStepGraph(const CudaBackend* owner, cudaGraphExec_t exec, uint64_t generation)
-      : owner_(owner), exec_(exec), generation_(generation) {}
+  CudaStepGraph(const CudaBackend* owner, cudaGraphExec_t exec, uint64_t generation,
+                uint64_t released)
+      : owner_(owner), exec_(exec), generation_(generation), released_(released) {}
   ~CudaStepGraph() override {
     if (exec_) cudaGraphExecDestroy(exec_);
   }
@@ -207,7 +210,8 @@ class CudaStepGraph final : public StepGraph {
 
   const CudaBackend* owner_;
   cudaGraphExec_t exec_;
-  uint64_t generation_;
+  uint64_t generation_;  // the backend's scratch generation at recording
+  uint64_t released_;    // and its release generation
 };
 
 }  // namespace
@@ -236,7 +240,8 @@ std::unique_ptr<StepGraph> CudaBackend::end_capture() {
   const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   check_cuda(st, "cudaGraphInstantiate");
-  return std::make_unique<CudaStepGraph>(this, exec, scratch_generation_);
+  return std::make_unique<CudaStepGraph>(this, exec, scratch_generation_,
+                                         release_generation_.load());
 }
 
 bool CudaBackend::replay(StepGraph& graph) {
@@ -244,7 +249,12 @@ bool CudaBackend::replay(StepGraph& graph) {
   auto* g = dynamic_cast<CudaStepGraph*>(&graph);
   if (g == nullptr || g->owner_ != this) fail("cuda: replay of a graph recorded elsewhere");
   if (capturing_) fail("cuda: replay while a step is being recorded");
-  if (g->generation_ != scratch_generation_) return false;
+  // Recorded before a scratch buffer moved or any device memory was released:
+  // it may point at freed memory (seen under compute-sanitizer, which does not
+  // hand freed addresses straight back as cudaMalloc usually does).
+  if (g->generation_ != scratch_generation_ || g->released_ != release_generation_.load()) {
+    return false;
+  }
   check_cuda(cudaGraphLaunch(g->exec_, stream_), "cudaGraphLaunch");
   return true;
 }

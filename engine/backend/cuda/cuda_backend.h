@@ -145,6 +145,10 @@ class CudaBackend final : public Backend {
   // Bumped whenever a scratch buffer moves: a graph recorded before points at
   // freed memory, so replay() refuses it.
   uint64_t scratch_generation() const { return scratch_generation_; }
+  // Bumped whenever device memory is released: a graph recorded before may
+  // point at it (a buffer its key did not name), so replay() refuses it and
+  // the caller records the step again. Steady steps release nothing.
+  uint64_t release_generation() const { return release_generation_.load(); }
 
   cudaStream_t stream() const { return stream_; }
   int device_index() const { return device_index_; }
@@ -216,6 +220,7 @@ class CudaBackend final : public Backend {
   int next_staging_ = 0;
   bool capturing_ = false;
   uint64_t scratch_generation_ = 0;
+  std::atomic<uint64_t> release_generation_{0};
   std::mutex scratch_mutex_;
 
   // The per-op profile: on/off, and calls and seconds per op name, printed by

@@ -202,8 +202,12 @@ void AssistantDrafter::append_step_key(int step_index, std::vector<int64_t>& key
     key.push_back(positions_bound_for(kv.length()));  // as TargetCacheDonors::attend
     for (int donor : {target_.config().sliding_donor, target_.config().full_donor}) {
       if (donor < 0) continue;
-      key.push_back(reinterpret_cast<intptr_t>(kv.is_ring(donor) ? kv.ring_storage_k(donor).data()
-                                                                 : kv.full_keys(donor, 0).data()));
+      // Keys and values: separate buffers, which a pool may hand out in any pairing.
+      const bool ring = kv.is_ring(donor);
+      key.push_back(reinterpret_cast<intptr_t>(ring ? kv.ring_storage_k(donor).data()
+                                                    : kv.full_keys(donor, 0).data()));
+      key.push_back(reinterpret_cast<intptr_t>(ring ? kv.ring_storage_v(donor).data()
+                                                    : kv.full_values(donor, 0).data()));
     }
   }
 }

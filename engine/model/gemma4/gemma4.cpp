@@ -486,7 +486,9 @@ void Gemma4Model::append_staged_key(std::vector<int64_t>& key) const {
     key.push_back(p.n);
     key.push_back(staged_rows_[r].all_logits);
     key.push_back(p.positions_bound);
+    // Keys and values: separate buffers, which a pool may hand out in any pairing.
     for (const Tensor& t : p.store_k) key.push_back(reinterpret_cast<intptr_t>(t.data()));
+    for (const Tensor& t : p.store_v) key.push_back(reinterpret_cast<intptr_t>(t.data()));
   }
 }
 
