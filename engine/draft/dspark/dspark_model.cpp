@@ -499,10 +499,31 @@ void DSparkModel::deepspec_layers(std::span<SequenceKv* const> ctx) {
 
 Tensor DSparkModel::head_step(int slot, std::span<const int32_t> u_rows, const Tensor& prev,
                               const Tensor& confidence) {
+  prepare_head_step(slot, u_rows, prev, confidence);
+  Backend& be = *backend_;
+  if (!be.supports_graphs() || !target_->graphs_enabled()) return run_head_step();
+  // Recorded like the target's steps (run once, recorded the second time, then
+  // replayed): a head step is a handful of small launches whose cost is
+  // mostly launch overhead. The key names every buffer the launches touch.
+  const HeadPlan& h = head_;
+  head_key_.clear();
+  for (const int64_t v :
+       {int64_t{slot}, h.rows, h.one ? int64_t{h.u0} : int64_t{-1}, int64_t{h.conf}, block_rows_}) {
+    head_key_.push_back(v);
+  }
+  for (const void* p : {h.prev.data(), h.confidence.data(), h.idx.data(), h.logits.data(),
+                        U_.data(), hconf_.data(), bias_rows_.data()}) {
+    head_key_.push_back(reinterpret_cast<intptr_t>(p));
+  }
+  return head_graphs_.run(be, head_key_, [&] { return run_head_step(); });
+}
+
+void DSparkModel::prepare_head_step(int slot, std::span<const int32_t> u_rows, const Tensor& prev,
+                                    const Tensor& confidence) {
   Backend& be = *backend_;
   const DSparkConfig& c = config_;
   const int64_t Bk = static_cast<int64_t>(u_rows.size()), G = c.block_size;
-  const int64_t V = target_->config().vocab_size, r = c.markov_rank, d = c.hidden_size;
+  const int64_t V = target_->config().vocab_size, r = c.markov_rank;
   SPECULA_CHECK(!U_.empty(), "dspark head step before any block");
   SPECULA_CHECK(slot >= 0 && slot < G, "dspark head step: slot {} outside [0, {})", slot, G);
   SPECULA_CHECK(Bk > 0 && Bk <= block_rows_, "dspark head step: {} rows of a block of {}", Bk,
@@ -515,62 +536,74 @@ Tensor DSparkModel::head_step(int slot, std::span<const int32_t> u_rows, const T
     fail("dspark head step: prev tokens {} must be i32 [{}] on {}", prev.describe(), Bk,
          be.device().str());
   }
+  HeadPlan& h = head_;
+  h.rows = Bk;
+  h.one = Bk == 1;
+  h.u0 = u_rows[0];
+  h.prev = prev;
+  h.conf = has_confidence_head() && !confidence.empty();
+  if (h.conf && (confidence.dtype() != DType::kF32 || confidence.numel() != Bk)) {
+    fail("dspark head step: confidence {} must be f32 [{}]", confidence.describe(), Bk);
+  }
+  h.confidence = h.conf ? confidence.reshape({Bk, 1}) : Tensor();
   if (Bk > step_idx_rows_) {
     // Grown only for more rows than before (never in steady state); slots of
     // earlier steps of this round were consumed in queue order already.
     step_idx_rows_ = std::max<int64_t>(Bk, block_rows_);
     step_idx_ = DeviceBuffer(be, static_cast<size_t>(G * step_idx_rows_) * sizeof(int32_t));
   }
-  const Tensor idx(static_cast<int32_t*>(step_idx_.data()) + slot * step_idx_rows_, DType::kI32,
-                   {Bk}, be.device());
+  h.idx = Tensor(static_cast<int32_t*>(step_idx_.data()) + slot * step_idx_rows_, DType::kI32, {Bk},
+                 be.device());
   // One row (batch 1) reads its base row in place: no index upload, no gather.
-  const bool one = Bk == 1;
-  if (!one) be.upload_async(u_rows.data(), idx);
-  const bool conf = has_confidence_head() && !confidence.empty();
-  if (conf && Bk > bias_rows_n_) {
+  if (!h.one) be.upload_async(u_rows.data(), h.idx);
+  if (h.conf && Bk > bias_rows_n_) {
     bias_rows_n_ = std::max<int64_t>(Bk, block_rows_);
     bias_rows_ = DeviceBuffer(be, static_cast<size_t>(bias_rows_n_) * sizeof(float));
     const std::vector<float> host(static_cast<size_t>(bias_rows_n_), confidence_bias_);
     be.upload(host.data(), bias_rows_.view(DType::kF32, {bias_rows_n_}));
   }
-  Tensor logits, bias, e, ec;
   carve_into(step_arena_, be, [&](Arena& a) {
-    logits = a.alloc(DType::kF32, {Bk, V});
+    h.logits = a.alloc(DType::kF32, {Bk, V});
     if (r > 0) {
-      bias = a.alloc(DType::kF32, {Bk, V});
-      e = a.alloc(DType::kF32, {Bk, r});
+      h.bias = a.alloc(DType::kF32, {Bk, V});
+      h.e = a.alloc(DType::kF32, {Bk, r});
     }
-    ec = a.alloc(DType::kF32, {Bk, 1});
+    h.ec = a.alloc(DType::kF32, {Bk, 1});
   });
-  const Tensor u_one = one ? U_.slice_rows(u_rows[0], u_rows[0] + 1) : Tensor();
-  if (!one) be.gather_rows(U_, idx, logits);
+}
+
+Tensor DSparkModel::run_head_step() {
+  Backend& be = *backend_;
+  const DSparkConfig& c = config_;
+  const HeadPlan& h = head_;
+  const int64_t Bk = h.rows, r = c.markov_rank, d = c.hidden_size;
+  const Tensor u_one = h.one ? U_.slice_rows(h.u0, h.u0 + 1) : Tensor();
+  if (!h.one) be.gather_rows(U_, h.idx, h.logits);
   if (r > 0) {
     // logits = U_k + W1[prev]·W2ᵀ
-    be.embedding(weights_.markov_w1, prev, 1.0f, e);
-    be.linear(e, weights_.markov_w2, bias);
-    be.add(one ? u_one : logits, bias, logits);
-  } else if (one) {
-    be.copy(u_one, logits);
+    be.embedding(weights_.markov_w1, h.prev, 1.0f, h.e);
+    be.linear(h.e, weights_.markov_w2, h.bias);
+    be.add(h.one ? u_one : h.logits, h.bias, h.logits);
+  } else if (h.one) {
+    be.copy(u_one, h.logits);
   }
-  if (conf) {
-    if (confidence.dtype() != DType::kF32 || confidence.numel() != Bk)
-      fail("dspark head step: confidence {} must be f32 [{}]", confidence.describe(), Bk);
-    const Tensor out = confidence.reshape({Bk, 1});
-    if (one) {
-      be.copy(hconf_.slice_rows(u_rows[0], u_rows[0] + 1), out);
+  if (h.conf) {
+    const Tensor& out = h.confidence;
+    if (h.one) {
+      be.copy(hconf_.slice_rows(h.u0, h.u0 + 1), out);
     } else {
-      be.gather_rows(hconf_, idx, out);
+      be.gather_rows(hconf_, h.idx, out);
     }
     if (c.confidence_with_markov && r > 0) {
       const Tensor w_e(static_cast<char*>(weights_.confidence_weight.data()) +
                            static_cast<size_t>(d) * dtype_size(weights_.confidence_weight.dtype()),
                        weights_.confidence_weight.dtype(), {1, r}, be.device());
-      be.linear(e, w_e, ec);
-      be.add(out, ec, out);
+      be.linear(h.e, w_e, h.ec);
+      be.add(out, h.ec, out);
     }
     be.add(out, bias_rows_.view(DType::kF32, {Bk, 1}), out);
   }
-  return logits;
+  return h.logits;
 }
 
 void DSparkModel::save(const std::string& dir) const {

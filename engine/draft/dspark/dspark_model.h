@@ -31,6 +31,7 @@
 #include "engine/memory/arena.h"
 #include "engine/memory/memory_resource.h"
 #include "engine/model/gemma4/gemma4.h"
+#include "engine/ops/step_graphs.h"
 
 namespace specula::dspark {
 
@@ -127,8 +128,21 @@ class DSparkModel {
   // One row's attention over its cache and its block, for layer l.
   void attend_row(int layer, SequenceKv& kv, const Tensor& q, const Tensor& k, const Tensor& v,
                   const Tensor& positions, const Tensor& out, float scale);
+  // A head step in two halves: validation, growth and uploads (never
+  // recorded), then the device work (recordable; reads head_).
+  void prepare_head_step(int slot, std::span<const int32_t> u_rows, const Tensor& prev,
+                         const Tensor& confidence);
+  Tensor run_head_step();
   struct BlockScratch;
   struct CommitScratch;
+  // The staged head step: rows, where its inputs and outputs are.
+  struct HeadPlan {
+    int64_t rows = 0;
+    bool one = false;  // batch 1: the base row is read in place
+    int32_t u0 = 0;    // the first row's base row
+    bool conf = false;
+    Tensor prev, confidence, idx, logits, bias, e, ec;
+  };
 
   DSparkConfig config_;
   gemma4::Gemma4Model* target_ = nullptr;
@@ -160,6 +174,9 @@ class DSparkModel {
   int64_t step_idx_rows_ = 0;
   DeviceBuffer bias_rows_;  // f32 [bias_rows_n_]: the confidence bias, once per row
   int64_t bias_rows_n_ = 0;
+  HeadPlan head_;
+  StepGraphCache head_graphs_;  // recorded head steps (CUDA), keyed as head_step() says
+  std::vector<int64_t> head_key_;
 };
 
 }  // namespace specula::dspark

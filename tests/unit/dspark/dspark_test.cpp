@@ -496,7 +496,9 @@ TEST_P(DSparkLossless, PrunedOutputEqualsPlainDecoding) {
   ASSERT_GE(keep, 1);
   ASSERT_LE(keep, lc.gamma);
   for (int k = 1; k < keep; ++k) EXPECT_GE(c[static_cast<size_t>(k)], 0.5f) << k;
-  if (keep < lc.gamma) EXPECT_LT(c[static_cast<size_t>(keep)], 0.5f);
+  if (keep < lc.gamma) {
+    EXPECT_LT(c[static_cast<size_t>(keep)], 0.5f);
+  }
   drafter.release(0);
 
   // Bad thresholds are refused, naming the problem.
@@ -578,7 +580,9 @@ TEST_F(DSparkTest, ThresholdAboveAZeroInitializedHeadPrunesTheBlockToOneToken) {
       EXPECT_GT(s.pruned, 0);
     }
     for (float c : drafter.last_confidences()) {
-      if (!std::isnan(c)) EXPECT_FLOAT_EQ(c, 0.5f);
+      if (!std::isnan(c)) {
+        EXPECT_FLOAT_EQ(c, 0.5f);
+      }
     }
   }
 }
