@@ -780,7 +780,20 @@ Engine::Engine(gemma4::Gemma4Model& target, Drafter* drafter, const EngineOption
   state_->configure();
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  // Rows still running (or ended but not yet collected) hold drafter state
+  // under their slot: hand it back, so that the drafter serves a later engine.
+  State& s = *state_;
+  if (s.drafter == nullptr) return;
+  for (Row* r : s.running) {
+    try {
+      s.drafter->release(static_cast<int>(r->slot));
+    } catch (...) {
+      // A destructor must not throw; the drafter's state for this slot is
+      // then what it was, as before this hand-back existed.
+    }
+  }
+}
 
 Submission Engine::submit(DecodeRequest request) {
   State& s = *state_;

@@ -589,6 +589,24 @@ TEST_F(DSparkTest, ThresholdAboveAZeroInitializedHeadPrunesTheBlockToOneToken) {
 
 // Sampling rows run through the engine, and after every step the context
 // caches hold exactly the positions the target's caches hold.
+// An engine destroyed with rows still decoding hands their contexts back:
+// the same drafter then serves a new engine, and its output is still lossless.
+TEST_F(DSparkTest, AnEngineDestroyedMidwayReleasesItsRows) {
+  auto model = random_model(DSparkLayout::kSpecula, 5, 4);
+  DSparkDrafter drafter(*target_, *model);
+  const auto reqs = greedy_requests(3, 21, 16);
+  {
+    speculative::Engine engine(*target_, &drafter, {.schedule = {.draft_tokens = 3}});
+    for (const auto& r : reqs) ASSERT_TRUE(engine.submit(r).accepted());
+    for (int i = 0; i < 4; ++i) engine.step();
+    ASSERT_GT(drafter.live_sequences(), 0) << "rows are mid-way";
+  }
+  EXPECT_EQ(drafter.live_sequences(), 0);
+  const auto plain = speculative::decode(*target_, nullptr, reqs, {.draft_tokens = 1});
+  const auto got = speculative::decode(*target_, &drafter, reqs, {.draft_tokens = 3});
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(got[i].tokens, plain[i].tokens) << i;
+}
+
 TEST_F(DSparkTest, SamplingRowsRunAndContextTracksTheTargetCache) {
   for (DSparkLayout layout : {DSparkLayout::kSpecula, DSparkLayout::kDeepSpec}) {
     auto model = random_model(layout, 5, 3);
