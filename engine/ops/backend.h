@@ -45,7 +45,9 @@ struct AttentionParams {
   // where results must match a decode step bit for bit; the CPU ignores it.
   bool allow_fast_prefill = false;
   // Step-invariant launch (for CUDA graphs): when > 0, the caller promises that
-  // the queries sit at consecutive positions, all below positions_bound, and that
+  // the queries sit at consecutive positions (window 0: non-decreasing ones, as
+  // DSpark's block, whose queries all sit at its last position), all below
+  // positions_bound, and that
   // k/v hold every key each query can see (causal; a full cache read from
   // position 0 (k_pos0 == 0), or a ring read in place). A backend may then derive
   // each query's keys from q_positions alone and size its work by

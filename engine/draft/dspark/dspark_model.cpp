@@ -39,8 +39,9 @@ void carve_into(Arena& arena, Backend& be, F&& carve) {
 
 // Views of the block scratch (T = B·γ rows).
 struct DSparkModel::BlockScratch {
-  Tensor inputs;     // i32 [2T]: positions, then the gather index
+  Tensor inputs;     // i32 [3T]: positions, the gather index, attention positions
   Tensor positions;  // i32 [T]: t_b + j
+  Tensor attn_pos;   // i32 [T]: t_b + γ − 1 (every query sees the context and the whole block)
   Tensor gidx;       // i32 [T]: specula: j; DeepSpec: j == 0 ? b : B
   Tensor ids_src;    // i32 [B + 1] (DeepSpec): anchors, then mask_token_id
   Tensor ids;        // i32 [T] (DeepSpec): the block's ids
@@ -53,6 +54,10 @@ struct DSparkModel::BlockScratch {
   Tensor hout;       // specula: f32 [T, H]
   Tensor U;          // f32 [T, V]
   Tensor hconf;      // f32 [T, 1]
+  // Per row b and layer l (index b·L + l): the context cache's storage, where
+  // the block's keys and values go at positions t_b .. t_b + γ − 1.
+  std::vector<SequenceKv::Storage> store;
+  std::vector<int64_t> bound;  // per row: positions_bound_for(t_b + γ)
 };
 
 // Views of the context-commit scratch (N committed rows of a forward of M tokens).
@@ -303,27 +308,60 @@ void DSparkModel::commit_context(std::span<const ContextPiece> pieces, const Ten
   for (const ContextPiece& p : pieces) p.kv->commit(p.count);
 }
 
-void DSparkModel::attend_row(int layer, SequenceKv& kv, const Tensor& q, const Tensor& k,
-                             const Tensor& v, const Tensor& positions, const Tensor& out,
-                             float scale) {
+void DSparkModel::attend_row(int64_t row, int layer, const Tensor& q, const Tensor& k,
+                             const Tensor& v, const Tensor& positions, const Tensor& attn_pos,
+                             const Tensor& out, float scale) {
   // The block's keys go right after the context (never committed: the next
   // commit overwrites them), so the row attends to one contiguous [ctx; block].
-  const int64_t t = kv.length(), G = q.dim(0);
-  kv.write_full(layer, t, k, v);
+  // Stored at device positions and attended with every query at the block's
+  // last position (causal then hides nothing of [ctx; block]): the launches
+  // read their key ranges from the device, so a recorded block serves every
+  // round below the same positions bound.
+  const BlockScratch& s = *block_;
+  const SequenceKv::Storage& st = s.store[static_cast<size_t>(row * config_.num_layers + layer)];
+  backend_->store_kv(k, v, positions, st.k, st.v);
+  const int64_t end = block_ends_[static_cast<size_t>(row)];
   AttentionParams ap;
   ap.q = q;
-  ap.k = kv.full_keys(layer, t + G);
-  ap.v = kv.full_values(layer, t + G);
+  ap.k = st.k.slice_rows(0, end);
+  ap.v = st.v.slice_rows(0, end);
   ap.out = out;
-  ap.q_positions = positions;
+  ap.q_positions = attn_pos;
   ap.k_pos0 = 0;
-  ap.causal = false;  // bidirectional in the block, all of the context
+  ap.causal = true;
   ap.window = 0;
   ap.scale = scale;
+  ap.positions_bound = s.bound[static_cast<size_t>(row)];
   backend_->attention(ap);
 }
 
 void DSparkModel::run_block(std::span<SequenceKv* const> ctx, const Tensor& anchors) {
+  prepare_block(ctx, anchors);
+  Backend& be = *backend_;
+  if (!be.supports_graphs() || !target_->graphs_enabled()) {
+    run_block_device(ctx, anchors);
+    return;
+  }
+  // Recorded like the target's steps: the key names every buffer the block's
+  // launches touch (the context caches' storage per row and layer) and each
+  // row's positions bound; positions themselves come from the device.
+  const BlockScratch& s = *block_;
+  block_key_.clear();
+  block_key_.push_back(block_rows_);
+  block_key_.push_back(reinterpret_cast<intptr_t>(anchors.data()));
+  block_key_.push_back(reinterpret_cast<intptr_t>(block_arena_.base()));
+  for (const int64_t b : s.bound) block_key_.push_back(b);
+  for (const SequenceKv::Storage& st : s.store) {
+    block_key_.push_back(reinterpret_cast<intptr_t>(st.k.data()));
+    block_key_.push_back(reinterpret_cast<intptr_t>(st.v.data()));
+  }
+  block_graphs_.run(be, block_key_, [&] {
+    run_block_device(ctx, anchors);
+    return U_;
+  });
+}
+
+void DSparkModel::prepare_block(std::span<SequenceKv* const> ctx, const Tensor& anchors) {
   Backend& be = *backend_;
   const DSparkConfig& c = config_;
   const gemma4::Gemma4Config& tc = target_->config();
@@ -343,7 +381,7 @@ void DSparkModel::run_block(std::span<SequenceKv* const> ctx, const Tensor& anch
   }
   BlockScratch& s = *block_;
   carve_into(block_arena_, be, [&](Arena& a) {
-    s.inputs = a.alloc(DType::kI32, {2 * T});
+    s.inputs = a.alloc(DType::kI32, {3 * T});
     s.ids_src = a.alloc(DType::kI32, {B + 1});
     s.ids = a.alloc(DType::kI32, {T});
     s.er = a.alloc(DType::kF32, {B, H});
@@ -364,21 +402,45 @@ void DSparkModel::run_block(std::span<SequenceKv* const> ctx, const Tensor& anch
   });
   s.positions = s.inputs.slice_rows(0, T);
   s.gidx = s.inputs.slice_rows(T, 2 * T);
-  host_idx_.resize(static_cast<size_t>(2 * T + 1));
+  s.attn_pos = s.inputs.slice_rows(2 * T, 3 * T);
+  host_idx_.resize(static_cast<size_t>(3 * T + 1));
+  s.store.clear();
+  s.bound.clear();
+  block_ends_.clear();
   for (int64_t b = 0; b < B; ++b) {
+    const int64_t t = ctx[b]->length();
     for (int64_t j = 0; j < G; ++j) {
-      host_idx_[static_cast<size_t>(b * G + j)] = static_cast<int32_t>(ctx[b]->length() + j);
+      host_idx_[static_cast<size_t>(b * G + j)] = static_cast<int32_t>(t + j);
       host_idx_[static_cast<size_t>(T + b * G + j)] =
           static_cast<int32_t>(deepspec ? (j == 0 ? b : B) : j);
+      host_idx_[static_cast<size_t>(2 * T + b * G + j)] = static_cast<int32_t>(t + G - 1);
     }
+    // Host bookkeeping of the block's rows (the device stores them in the step).
+    for (int l = 0; l < c.num_layers; ++l) s.store.push_back(ctx[b]->store_target(l, t, G));
+    s.bound.push_back(positions_bound_for(t + G));
+    block_ends_.push_back(t + G);
   }
-  host_idx_[static_cast<size_t>(2 * T)] = c.mask_token_id;
+  host_idx_[static_cast<size_t>(3 * T)] = c.mask_token_id;
   be.upload_async(host_idx_.data(), s.inputs);
+  if (deepspec) be.upload_async(host_idx_.data() + 3 * T, s.ids_src.slice_rows(B, B + 1));
+  U_ = s.U;
+  h_ = s.h;
+  hconf_ = s.hconf;
+  block_rows_ = B;
+}
+
+void DSparkModel::run_block_device(std::span<SequenceKv* const> ctx, const Tensor& anchors) {
+  Backend& be = *backend_;
+  const DSparkConfig& c = config_;
+  const gemma4::Gemma4Config& tc = target_->config();
+  const int64_t B = static_cast<int64_t>(ctx.size()), G = c.block_size;
+  const int64_t d = c.hidden_size;
+  const bool deepspec = c.layout == DSparkLayout::kDeepSpec;
+  BlockScratch& s = *block_;
 
   if (deepspec) {
     // ids = [anchor, mask × (γ−1)] per row, gathered from [anchors ; mask].
     be.copy(anchors, s.ids_src.slice_rows(0, B));
-    be.upload_async(host_idx_.data() + 2 * T, s.ids_src.slice_rows(B, B + 1));
     be.gather_rows(s.ids_src, s.gidx, s.ids);
     if (weights_.embed_tokens.empty()) {
       target_->embed_scaled(s.ids, s.x);
@@ -418,10 +480,6 @@ void DSparkModel::run_block(std::span<SequenceKv* const> ctx, const Tensor& anch
                      be.device());
     be.linear(s.h, w_h, s.hconf);
   }
-  U_ = s.U;
-  h_ = s.h;
-  hconf_ = s.hconf;
-  block_rows_ = B;
 }
 
 void DSparkModel::specula_layers(std::span<SequenceKv* const> ctx) {
@@ -438,10 +496,11 @@ void DSparkModel::specula_layers(std::span<SequenceKv* const> ctx) {
     be.linear_multi(s.xn, outs);
     for (size_t b = 0; b < ctx.size(); ++b) {
       const int64_t r0 = static_cast<int64_t>(b) * G, r1 = r0 + G;
-      attend_row(l, *ctx[b], s.q.slice_rows(r0, r1).reshape({G, n, hd}),
+      attend_row(static_cast<int64_t>(b), l, s.q.slice_rows(r0, r1).reshape({G, n, hd}),
                  s.k.slice_rows(r0, r1).reshape({G, n, hd}),
                  s.v.slice_rows(r0, r1).reshape({G, n, hd}), s.positions.slice_rows(r0, r1),
-                 s.attn.slice_rows(r0, r1).reshape({G, n, hd}), scale);
+                 s.attn_pos.slice_rows(r0, r1), s.attn.slice_rows(r0, r1).reshape({G, n, hd}),
+                 scale);
     }
     be.linear(s.attn, w.o_proj, s.o);
     be.add(s.x, s.o, s.x);
@@ -482,10 +541,11 @@ void DSparkModel::deepspec_layers(std::span<SequenceKv* const> ctx) {
     be.attention_inputs(in);
     for (size_t b = 0; b < ctx.size(); ++b) {
       const int64_t r0 = static_cast<int64_t>(b) * G, r1 = r0 + G;
-      attend_row(l, *ctx[b], s.q.slice_rows(r0, r1).reshape({G, Nh, D}),
+      attend_row(static_cast<int64_t>(b), l, s.q.slice_rows(r0, r1).reshape({G, Nh, D}),
                  s.k.slice_rows(r0, r1).reshape({G, KV, D}),
                  s.v.slice_rows(r0, r1).reshape({G, KV, D}), s.positions.slice_rows(r0, r1),
-                 s.attn.slice_rows(r0, r1).reshape({G, Nh, D}), 1.0f);
+                 s.attn_pos.slice_rows(r0, r1), s.attn.slice_rows(r0, r1).reshape({G, Nh, D}),
+                 1.0f);
     }
     be.linear(s.attn, w.o_proj, s.o);
     be.rms_norm_add(s.o, w.post_attention_layernorm, eps, s.x, 1.0f);

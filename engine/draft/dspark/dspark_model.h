@@ -125,9 +125,15 @@ class DSparkModel {
   // Block backbone layers of each layout (run_block's middle part).
   void specula_layers(std::span<SequenceKv* const> ctx);
   void deepspec_layers(std::span<SequenceKv* const> ctx);
-  // One row's attention over its cache and its block, for layer l.
-  void attend_row(int layer, SequenceKv& kv, const Tensor& q, const Tensor& k, const Tensor& v,
-                  const Tensor& positions, const Tensor& out, float scale);
+  // Row `row`'s attention over its cache and its block, for layer l: stores
+  // the block's k, v at `positions` (its storage from prepare_block), then
+  // attends with every query at attn_pos (the block's last position).
+  void attend_row(int64_t row, int layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& positions, const Tensor& attn_pos, const Tensor& out, float scale);
+  // run_block in two halves: validation, scratch, uploads and the caches'
+  // host bookkeeping (never recorded), then the device work (recordable).
+  void prepare_block(std::span<SequenceKv* const> ctx, const Tensor& anchors);
+  void run_block_device(std::span<SequenceKv* const> ctx, const Tensor& anchors);
   // A head step in two halves: validation, growth and uploads (never
   // recorded), then the device work (recordable; reads head_).
   void prepare_head_step(int slot, std::span<const int32_t> u_rows, const Tensor& prev,
@@ -175,6 +181,9 @@ class DSparkModel {
   DeviceBuffer bias_rows_;  // f32 [bias_rows_n_]: the confidence bias, once per row
   int64_t bias_rows_n_ = 0;
   HeadPlan head_;
+  std::vector<int64_t> block_ends_;  // per row of the block: t_b + γ (its keys)
+  StepGraphCache block_graphs_;      // recorded blocks (CUDA), keyed as run_block() says
+  std::vector<int64_t> block_key_;
   StepGraphCache head_graphs_;  // recorded head steps (CUDA), keyed as head_step() says
   std::vector<int64_t> head_key_;
 };
