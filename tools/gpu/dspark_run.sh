@@ -6,7 +6,7 @@
 # under $OUT.
 #
 #   OUT=/tmp/out bash tools/gpu/dspark_run.sh BIN_DIR
-# BIN_DIR holds specula and specula_cuda_tests (or their .xz), built with
+# BIN_DIR holds specula and specula_cuda_tests (or their .xz; tools/gpu/pack_bins.sh), built with
 # -DSPECULA_CUDA=ON for sm_90a (here or elsewhere: binaries built in another
 # checkout find models and fixtures through their compiled-in source path,
 # which is linked to this checkout when missing).
@@ -48,6 +48,8 @@ cat "$OUT/machine.txt"
 for f in "$BIN"/*.xz; do [[ -e $f ]] && xz -dkf "$f"; done
 chmod +x "$BIN"/specula "$BIN"/specula_cuda_tests 2>/dev/null
 SPECULA=$BIN/specula
+# Libraries packed beside the binaries (tools/gpu/pack_bins.sh: cairo for the lab's plots).
+if [[ -d $BIN/../lib ]]; then export LD_LIBRARY_PATH="$(cd "$BIN/../lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
 TESTS=$BIN/specula_cuda_tests
 src=$(strings "$SPECULA" | grep -m1 -o '/[^ ]*/models$' | sed 's#/models$##')
 if [[ -n $src && ! -e $src ]]; then
