@@ -153,6 +153,18 @@ class SafeTensors:
             out.byteswap()
         return out
 
+    def buffer(self, name, first=0, count=None):
+        """Elements [first, first+count) as a bytearray (little-endian storage bytes), e.g. for
+        torch.frombuffer."""
+        t = self.info(name)
+        size = _DTYPES[t["dtype"]][1]
+        total = math.prod(t["shape"])
+        count = total - first if count is None else count
+        if first < 0 or count < 0 or first + count > total:
+            raise DataError(f"{self.path}: tensor {name}: elements [{first}, {first + count}) outside its {total}")
+        b = self._base + t["data_offsets"][0] + first * size
+        return bytearray(self._map[b:b + count * size])
+
     def values(self, name, first=0, count=None):
         """As raw(), widened to Python numbers (bf16 -> float)."""
         r = self.raw(name, first, count)
