@@ -13,8 +13,13 @@
                  0 .. t-1, the same anchor token, and tap rows whose bf16 bits equal the engine's f32
                  commits rounded to bf16; the block labels are the sequence's next γ tokens and the
                  target-hidden rows are the post-norm hiddens the verify judged drafts with.
-                 --corrupt context+1 / target+1 builds the seed's off-by-one examples instead; check
-                 must then fail (the shell test asserts it).
+                 --corrupt context+1 / target+1 builds the seed's off-by-one examples instead, and
+                 engine+1 reads the engine's commits one position late; check must then fail (the
+                 shell test asserts it).
+  oracle-drafter --draft DIR --record R --out DIR2
+                 a copy of the specula-layout drafter DIR whose Markov head encodes the record's bigrams
+                 (W1[prev] = 1000·u_next(prev), W2[v] = u_v, u random unit vectors): its drafts follow the
+                 sequence, so a second record has verify commits of several rows (accepted drafts)
   selftest       reader/writer round trip, bf16 rounding, anchor range, the split.
 """
 
@@ -69,6 +74,36 @@ def shard_from_score(score_path, record_path, target_dir, out_dir):
          "target_config_hash": dd.target_config_hash(cfg), "seed": 0, "temperature": 0})
 
 
+def oracle_drafter(draft_dir, record_path, out_dir):
+    rec = read_record(record_path)
+    seq = rec["sequence"]
+    st = dd.SafeTensors(os.path.join(draft_dir, "model.safetensors"))
+    V, r = st.shape("markov.w1")
+    rng = random.Random(1)
+    u = []
+    for _ in range(V):
+        v = [rng.gauss(0, 1) for _ in range(r)]
+        n = sum(x * x for x in v) ** 0.5
+        u.append([x / n for x in v])
+    nxt = {a: b for a, b in zip(seq, seq[1:])}  # the last successor seen
+    w1, w2 = [], []
+    for v in range(V):
+        w1 += [1000.0 * x for x in u[nxt[v]]] if v in nxt else [0.0] * r
+        w2 += u[v]
+    tensors = {}
+    for name in st.tensors:
+        if st.dtype(name) != "F32":
+            raise dd.DataError(f"{st.path}: {name} is {st.dtype(name)}; the oracle copy expects F32")
+        vals = w1 if name == "markov.w1" else w2 if name == "markov.w2" else st.values(name)
+        tensors[name] = ("F32", st.shape(name), vals)
+    os.makedirs(out_dir, exist_ok=True)
+    dd.write_safetensors(os.path.join(out_dir, "model.safetensors"), tensors, {"format": "pt"})
+    with open(os.path.join(draft_dir, "dspark.json")) as f:
+        doc = json.load(f)
+    with open(os.path.join(out_dir, "dspark.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+
+
 def corrupt(ex, mode):
     """The seed's off-by-one, applied to a correct example."""
     ex = dict(ex)
@@ -83,7 +118,7 @@ def corrupt(ex, mode):
     return ex
 
 
-def check(record_path, shards_dir, gamma, examples_path=None, mode=""):
+def check(record_path, shards_dir, gamma, examples_path=None, mode="", expect_accepts=False):
     """Returns a list of failure messages (empty: aligned)."""
     rec = read_record(record_path)
     shards = dd.ShardSet(shards_dir)
@@ -100,9 +135,13 @@ def check(record_path, shards_dir, gamma, examples_path=None, mode=""):
         errs.append("the shard's ids are not the recorded sequence")
     engine_bits = {}  # position -> bf16 bits of the engine's committed taps (first commit only)
 
+    # engine+1 pretends the engine handed the drafter the taps one position late (its row i being
+    # position i+1's taps, i.e. the anchor's own tap as the last context row).
+    late = 1 if mode == "engine+1" else 0
+
     def committed(p):
         if p not in engine_bits:
-            i = pos.index(p)
+            i = pos.index(min(p + late, len(pos) - 1))
             engine_bits[p] = dd.f32_to_bf16_bits(rec["st"].raw("committed_taps", i * W, W))
         return engine_bits[p]
 
@@ -118,7 +157,7 @@ def check(record_path, shards_dir, gamma, examples_path=None, mode=""):
             errs.append(f"round {r}: engine anchor {anchor} is not sequence[{t}] = {seq[t]}")
         if t not in dd.anchor_range(length, resp, gamma):
             continue  # the block runs past the sequence: no training example
-        ex = corrupt(dd.make_example(shards, 0, t, gamma), mode)
+        ex = corrupt(dd.make_example(shards, 0, t, gamma), "" if late else mode)
         checked += 1
         cb, ce = ex["context_positions"]
         if [cb, ce] != [0, t]:
@@ -146,6 +185,10 @@ def check(record_path, shards_dir, gamma, examples_path=None, mode=""):
             if trows[k * W + W - H:(k + 1) * W].tolist() != committed(p)[W - H:]:
                 errs.append(f"round {r}: target hidden of draft {k} is not the engine's post-norm hidden at {p}")
                 break
+    rp = rec["round_position"]
+    longest = max((b - a for a, b in zip(rp, rp[1:])), default=0)
+    if expect_accepts and longest < 2:
+        errs.append(f"no verify committed accepted drafts (round anchors {rp[:8]}...): multi-row commits untested")
     if checked == 0:
         errs.append("no round had a full block inside the sequence: nothing was compared (raise -n)")
     if examples_path:
@@ -161,7 +204,7 @@ def check(record_path, shards_dir, gamma, examples_path=None, mode=""):
                     errs.append(f"{examples_path}: example at t={t}: context row {i} differs from the engine's")
                     break
     print(f"check: {len(rec['round_position'])} rounds, {checked} with a full block compared, "
-          f"{len(pos)} committed rows, mode {mode or 'aligned'}: {len(errs)} problem(s)")
+          f"{len(pos)} committed rows, longest verify commit {longest}, mode {mode or 'aligned'}: {len(errs)} problem(s)")
     return errs
 
 
@@ -223,7 +266,12 @@ def main():
     s.add_argument("--shards", required=True)
     s.add_argument("--block-size", type=int, required=True)
     s.add_argument("--examples")
-    s.add_argument("--corrupt", default="", choices=["", "context+1", "target+1"])
+    s.add_argument("--corrupt", default="", choices=["", "context+1", "target+1", "engine+1"])
+    s.add_argument("--expect-accepts", action="store_true", help="fail unless some verify accepted drafts")
+    s = sub.add_parser("oracle-drafter")
+    s.add_argument("--draft", required=True)
+    s.add_argument("--record", required=True)
+    s.add_argument("--out", required=True)
     sub.add_parser("selftest")
     a = p.parse_args()
     try:
@@ -231,8 +279,10 @@ def main():
             print(",".join(map(str, read_record(a.record)["sequence"])))
         elif a.cmd == "shard-from-score":
             shard_from_score(a.score, a.record, a.target, a.out)
+        elif a.cmd == "oracle-drafter":
+            oracle_drafter(a.draft, a.record, a.out)
         elif a.cmd == "check":
-            errs = check(a.record, a.shards, a.block_size, a.examples, a.corrupt)
+            errs = check(a.record, a.shards, a.block_size, a.examples, a.corrupt, a.expect_accepts)
             for e in errs[:20]:
                 print("MISMATCH:", e)
             return 1 if errs else 0
