@@ -4,7 +4,7 @@
 
   sequence       RECORD                  print `specula dspark-record`'s sequence as comma-separated ids
   shard-from-score --score S --record R --target DIR --out DIR
-                 write DIR/shard_00000.safetensors (specula-dspark-shard-v1) from ONE full-sequence
+                 write DIR/shard_<index>.safetensors (specula-dspark-shard-v1) from ONE full-sequence
                  forward (`specula score --layer-hidden`): the taps are independent of the engine's
                  incremental commits that the record holds
   check --record R --shards DIR --block-size γ [--examples FILE] [--corrupt MODE]
@@ -45,7 +45,7 @@ def read_record(path):
     return rec
 
 
-def shard_from_score(score_path, record_path, target_dir, out_dir):
+def shard_from_score(score_path, record_path, target_dir, out_dir, index=0):
     rec = read_record(record_path)
     cfg = dd.text_config(dd.read_target_config(target_dir))
     sc = dd.SafeTensors(score_path)
@@ -66,7 +66,7 @@ def shard_from_score(score_path, record_path, target_dir, out_dir):
         for k in range(m):
             hidden.extend(taps[k][p * H:(p + 1) * H])
     os.makedirs(out_dir, exist_ok=True)
-    dd.write_safetensors(os.path.join(out_dir, "shard_00000.safetensors"), {
+    dd.write_safetensors(os.path.join(out_dir, f"shard_{index:05d}.safetensors"), {
         "hidden": ("BF16", [T, m * H], hidden), "ids": ("I32", [T], ids),
         "seq_starts": ("I64", [2], [0, T]), "resp_starts": ("I64", [1], [rec["prompt_len"][0]])},
         {"format": dd.SHARD_FORMAT, "tap_layers": ",".join(map(str, rec["tap_layers"])), "hidden_size": H,
@@ -261,6 +261,7 @@ def main():
     s.add_argument("--record", required=True)
     s.add_argument("--target", required=True, help="the target folder (config.json)")
     s.add_argument("--out", required=True)
+    s.add_argument("--index", type=int, default=0, help="writes shard_<index>.safetensors")
     s = sub.add_parser("check")
     s.add_argument("--record", required=True)
     s.add_argument("--shards", required=True)
@@ -278,7 +279,7 @@ def main():
         if a.cmd == "sequence":
             print(",".join(map(str, read_record(a.record)["sequence"])))
         elif a.cmd == "shard-from-score":
-            shard_from_score(a.score, a.record, a.target, a.out)
+            shard_from_score(a.score, a.record, a.target, a.out, a.index)
         elif a.cmd == "oracle-drafter":
             oracle_drafter(a.draft, a.record, a.out)
         elif a.cmd == "check":

@@ -242,6 +242,19 @@ def versions():
     return v
 
 
+def repo_commit():
+    """The specula commit the trainer ran from (best effort; "unknown" outside a git checkout)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "-C", REPO, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("+dirty" if dirty else "") if out.returncode == 0 else "unknown"
+    except OSError:
+        return "unknown"
+
+
 def lr_at(a, step):
     if step < a.warmup:
         return a.lr * (step + 1) / a.warmup
@@ -362,10 +375,10 @@ def train(a):
         opt.load_state_dict(ck["opt"])
         step = ck["step"]
         rng.setstate(ck["py_rng"])
-        torch.set_rng_state(ck["torch_rng"])
+        torch.set_rng_state(ck["torch_rng"].cpu())
         print(f"resumed from {ckpt_path} at step {step}", flush=True)
     autocast = not a.no_autocast and dev.type == "cuda"
-    meta = {"producer": PRODUCER, "seed": a.seed, "args": vars(a), "versions": versions(),
+    meta = {"producer": PRODUCER, "commit": repo_commit(), "seed": a.seed, "args": vars(a), "versions": versions(),
             "started": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "shards": {"dir": os.path.abspath(a.shards), "files": len(shards.shards),
                        "sequences": shards.num_sequences(), "metadata": shards.metadata},
