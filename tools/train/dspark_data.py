@@ -13,7 +13,8 @@ Standard library only (CI has neither numpy nor torch). Shards are what `specula
                 temperature
 and DIR/regen.json (the manifest; not needed here).
 
-Alignment (docs/dspark.md, "Context (both layouts)" and "Training"). Positions p are counted from
+Alignment (docs/dspark.md: "Context (both layouts)", line 33 at this writing; the block input,
+line 61; "Heads", line 105; and "Training"). Positions p are counted from
 the start of the sequence (row seq_starts[s] + p). The engine's DSpark round whose pending token
 (the anchor) sits at position t:
   - context   = the taps of positions 0 .. t-1, exactly what Drafter::on_committed has given the
@@ -22,8 +23,10 @@ the start of the sequence (row seq_starts[s] + p). The engine's DSpark round who
                 anchor yet when the drafter runs. (The seed's trainer used positions <= t, its
                 §4.7 off-by-one; we do not.)
   - anchor    = ids[t], the block's position 0 input (token_proj(E_raw[anchor]) + block_pos[0]).
-  - block     = draft k (k = 0 .. γ-1) proposes the token at position t+1+k, so the labels are
-                ids[t+1 .. t+γ].
+  - block     = γ positions: X_0 from the anchor, X_j = mask_embed[j-1] + block_pos[j] (docs line
+                61); draft k (k = 0 .. γ-1) proposes the token at position t+1+k (Heads, line 105:
+                prev_0 = the anchor, prev_k = draft k-1), so the labels are ids[t+1 .. t+γ] and the
+                teacher-forced Markov inputs are [ids[t], ids[t+1 .. t+γ-1]].
   - target    = the verify forward over [anchor, d_0 .. d_{γ-1}] at positions t .. t+γ judges
                 draft k with the target's logits at position t+k, i.e. head(h_{t+k}) with h the
                 post-final-norm hidden (the last tap). Teacher-forced, p^t_k = softmax(softcap(
