@@ -36,6 +36,9 @@ expect_error cuda-profile-on-cpu "--cuda-profile: needs --device cuda" "$specula
 expect_error bad-device-index "cuda:7" "$specula" generate --model "$fixture" --device cuda:7 --prompt-ids 1,2
 expect_error draft-trace-device "CPU only" "$specula" draft-trace --model "$fixture" --device cuda \
   --draft "$src/tests/golden/dense_kev_assistant" --prompt-ids 1,2 --out "$tmp/trace.safetensors"
+expect_error dspark-record-not-dspark "not a DSpark drafter folder" "$specula" dspark-record \
+  --model "$src/tests/golden/dense_kev" --draft "$src/tests/golden/dense_kev_assistant" --prompt-ids 1,2 \
+  --out "$tmp/record.safetensors"
 expect_error invalid-utf8 "UTF-8" "$specula" generate --prompt $'def f():\xff\xfe' --max-tokens 4
 
 mkdir -p "$tmp/llama"
