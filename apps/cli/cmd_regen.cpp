@@ -32,7 +32,7 @@ struct RegenArgs {
   double temperature = 0;
   uint64_t seed = 0;
   int batch = 8;
-  int64_t shard_tokens = 262144;
+  int64_t shard_tokens = 16384;
   int64_t max_prompts = 0;  // 0: all
   int chunk_lines = 40;
   bool quiet = false;
@@ -40,7 +40,7 @@ struct RegenArgs {
 
 // The largest tapped forward, in tokens: bounds the forward's scratch and the
 // tap buffer (f32 [m, tokens, H]); a longer sequence runs alone.
-constexpr int64_t kTapForwardTokens = 8192;
+constexpr int64_t kTapForwardTokens = 4096;
 
 // The engine taps to record, from --draft (a DSpark checkpoint made for this
 // target, either layout) or --tap-layers; `source` says which, for the manifest.
