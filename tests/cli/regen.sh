@@ -143,10 +143,14 @@ echo "$log"
 [[ $(tail -1 "$out/ledger.txt") == $'2\tshard_00001.safetensors' ]] || fail "ledger: $(cat "$out/ledger.txt")"
 jq -e '(.shards | length == 2) and .totals.sequences == 3 and .finished_prompts == 3' \
   "$out/regen.json" >/dev/null || fail "manifest after resume: $(cat "$out/regen.json")"
-# Nothing left: a rerun adds nothing.
+# Nothing left: a rerun adds nothing. A torn ledger line (a run killed
+# mid-append: no newline) is dropped.
+printf '9' >>"$out/ledger.txt"
 log=$("$specula" regen --prompt-file "$tmp/prompts.jsonl" --out "$out" --tap-layers 0,4,8 -n 6 2>&1) ||
   fail "third run exited $?: $log"
 [[ $log == *"0 of 3 prompts to do"* && ! -e $out/shard_00002.safetensors ]] || fail "third run: $log"
+[[ $(wc -l <"$out/ledger.txt") -eq 3 && $(tail -c 1 "$out/ledger.txt" | od -An -c | tr -d ' ') == '\n' ]] ||
+  fail "torn ledger line kept: $(cat "$out/ledger.txt")"
 
 # A changed setting is refused, naming it.
 expect_error() {  # expect_error PATTERN ARGS...: exit 1 and PATTERN in the message
