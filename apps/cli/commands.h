@@ -22,5 +22,6 @@ void register_bench_serve(CLI::App& app);
 void register_calibrate(CLI::App& app);
 void register_ab(CLI::App& app);
 void register_dspark_record(CLI::App& app);
+void register_regen(CLI::App& app);
 
 }  // namespace specula::cli

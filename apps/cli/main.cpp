@@ -13,7 +13,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"specula: Gemma 4 inference with lossless speculative decoding"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "specula 0.1.0");
+  app.set_version_flag("--version", "specula " SPECULA_VERSION);
   specula::cli::register_generate(app);
   specula::cli::register_chat(app);
   specula::cli::register_tokenize(app);
@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   specula::cli::register_calibrate(app);
   specula::cli::register_ab(app);
   specula::cli::register_dspark_record(app);
+  specula::cli::register_regen(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
