@@ -21,5 +21,6 @@ void register_serve(CLI::App& app);
 void register_bench_serve(CLI::App& app);
 void register_calibrate(CLI::App& app);
 void register_ab(CLI::App& app);
+void register_quantize(CLI::App& app);
 
 }  // namespace specula::cli

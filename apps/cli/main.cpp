@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   specula::cli::register_bench_serve(app);
   specula::cli::register_calibrate(app);
   specula::cli::register_ab(app);
+  specula::cli::register_quantize(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

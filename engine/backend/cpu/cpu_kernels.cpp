@@ -299,6 +299,23 @@ void to_f32(const void* src, DType dtype, float* dst, int64_t n) {
   }
 }
 
+void dequantize_to_f32(const void* src, DType dtype, float scale, float* dst, int64_t n) {
+  switch (dtype) {
+    case DType::kI8: {
+      const auto* q = static_cast<const int8_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(q[i]) * scale;
+      return;
+    }
+    case DType::kF8E4M3: {
+      const auto* q = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = e4m3_to_f32(q[i]) * scale;
+      return;
+    }
+    default:
+      fail("dequantize_to_f32: {} is not a quantized dtype", dtype_name(dtype));
+  }
+}
+
 void ScratchPool::reserve(size_t n) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (buffer_.size() < n) buffer_.resize(n);

@@ -61,6 +61,12 @@ struct DraftStepOutputs {
   Tensor next_hidden;  // f32 [B, Hb]
 };
 
+// The checkpoint names of the matrices an assistant checkpoint at `path` may
+// store quantized (WeightTable::add_matrix: projections, MLP, embedding / tied
+// head, centroids), for `specula quantize`. Reads its config.json and the
+// checkpoint's tensor names (the head is chosen by which tensors exist).
+std::vector<std::string> assistant_matrix_names(const std::string& path);
+
 class AssistantModel {
  public:
   // Loads a gemma4_assistant checkpoint for `target`: rejects a drafter whose

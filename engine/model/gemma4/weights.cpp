@@ -94,9 +94,14 @@ bool is_float(DType d) {
 
 DeviceBuffer place_weights(const io::WeightTable& table, Backend& backend,
                            const io::Checkpoint* scan) {
+  // Quantized weights: the codes (fp8 has NaN codes) and their f32 scales.
   auto check = [&](const io::WeightTable::Entry& e) {
-    if (scan != nullptr && !e.field->empty())
-      io::check_finite(*e.field, e.name, scan->file_of(e.name));
+    if (scan == nullptr || e.field->empty()) return;
+    if (e.field->scale_data() != nullptr) {
+      const std::string name = e.name + io::kScaleSuffix;
+      io::check_finite(e.field->scales(), name, scan->file_of(name));
+    }
+    io::check_finite(*e.field, e.name, scan->file_of(e.name));
   };
   if (backend.device().is_cpu()) {
     for (const io::WeightTable::Entry& e : table.entries()) check(e);
@@ -105,6 +110,7 @@ DeviceBuffer place_weights(const io::WeightTable& table, Backend& backend,
   size_t total = 0;
   for (const io::WeightTable::Entry& e : table.entries()) {
     if (!e.field->empty()) total += aligned_bytes(e.field->nbytes());
+    if (e.field->scale_data() != nullptr) total += aligned_bytes(e.field->scales().nbytes());
   }
   DeviceBuffer buffer(backend, std::max<size_t>(total, 1));
   size_t offset = 0;
@@ -115,8 +121,16 @@ DeviceBuffer place_weights(const io::WeightTable& table, Backend& backend,
     Tensor dst(static_cast<char*>(buffer.data()) + offset, field.dtype(), field.shape(),
                backend.device());
     backend.upload(field.data(), dst);
-    field = dst;
     offset += aligned_bytes(dst.nbytes());
+    if (field.scale_data() != nullptr) {
+      const Tensor scales = field.scales();
+      Tensor dst_scales(static_cast<char*>(buffer.data()) + offset, DType::kF32, scales.shape(),
+                        backend.device());
+      backend.upload(scales.data(), dst_scales);
+      offset += aligned_bytes(dst_scales.nbytes());
+      dst = dst.with_scales(dst_scales.data_as<const float>());
+    }
+    field = dst;
   }
   return buffer;
 }
