@@ -37,7 +37,7 @@ for dtype in int8 fp8; do
   got=$("$specula" generate --draft "$tmp/a_$dtype" --prompt "def fibonacci(n):" -n 24 --json 2>/dev/null) ||
     fail "generate with the $dtype assistant exited $?"
   if command -v jq >/dev/null; then
-    [[ $(echo "$got" | jq -c .tokens) == $(echo "$plain" | jq -c .tokens) ]] ||
+    [[ "$(echo "$got" | jq -c .tokens)" == "$(echo "$plain" | jq -c .tokens)" ]] ||
       fail "$dtype assistant changed greedy output: $got vs $plain"
   fi
 done
@@ -50,7 +50,7 @@ plain=$("$specula" generate --model "$src/tests/golden/dense_kev" --no-draft --p
 got=$("$specula" generate --model "$src/tests/golden/dense_kev" --draft "$tmp/dspark_i8" --prompt-ids 2,5,9,14 \
   -n 12 --json 2>/dev/null) || fail "generate with the int8 DSpark drafter exited $?"
 if command -v jq >/dev/null; then
-  [[ $(echo "$got" | jq -c .tokens) == $(echo "$plain" | jq -c .tokens) ]] ||
+  [[ "$(echo "$got" | jq -c .tokens)" == "$(echo "$plain" | jq -c .tokens)" ]] ||
     fail "int8 DSpark changed greedy output: $got vs $plain"
 fi
 
