@@ -160,8 +160,8 @@ std::vector<QuantizedTensorStats> quantize_folder(const QuantizeFolderParams& p)
   for (const fs::directory_entry& e : fs::directory_iterator(in)) {
     const std::string name = e.path().filename().string();
     if (name == p.config_file || name.ends_with(".safetensors") ||
-        name == "model.safetensors.index.json")
-      continue;
+        name == "model.safetensors.index.json" || fs::equivalent(e.path(), out, ec))
+      continue;  // (out may lie inside in: never copy it into itself)
     fs::copy(e.path(), out / name, fs::copy_options::recursive, ec);
     if (ec) fail("quantize: cannot copy {} to {}: {}", e.path().string(), p.out_dir, ec.message());
   }
