@@ -323,6 +323,23 @@ TEST_F(QuantizedDrafterTest, QuantizedDSparkDrafterLoadsStaysCloseAndIsLossless)
   }
 }
 
+// Random drafters of a quantized dtype (bench --draft-dtype): the bf16
+// values' matrices quantized in place on the backend; lossless, and smaller.
+TEST_F(QuantizedDrafterTest, RandomQuantizedDSparkDraftersAreLosslessAndSmaller) {
+  for (dspark::DSparkLayout layout :
+       {dspark::DSparkLayout::kSpecula, dspark::DSparkLayout::kDeepSpec}) {
+    const dspark::DSparkConfig c = testing::small_dspark(layout, target_->config(), 4);
+    auto bf16 = dspark::DSparkModel::random(c, *target_, target_->backend(), 3, DType::kBF16);
+    for (DType dtype : {DType::kI8, DType::kF8E4M3}) {
+      auto model = dspark::DSparkModel::random(c, *target_, target_->backend(), 3, dtype);
+      EXPECT_LT(model->weight_bytes(), bf16->weight_bytes());
+      dspark::DSparkDrafter drafter(*target_, *model);
+      expect_lossless(*target_, drafter,
+                      fmt::format("random {} {}", testing::layout_name(layout), dtype_name(dtype)));
+    }
+  }
+}
+
 // The golden DeepSpec-layout folder (config.json, own embedding and head)
 // quantizes and decodes losslessly.
 TEST_F(QuantizedDrafterTest, QuantizedDeepSpecFolderIsLossless) {

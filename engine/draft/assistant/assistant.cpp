@@ -130,7 +130,7 @@ std::unique_ptr<AssistantModel> AssistantModel::load(const std::string& path,
 std::unique_ptr<AssistantModel> AssistantModel::random(const AssistantConfig& config,
                                                        const gemma4::Gemma4Config& target,
                                                        Backend& backend, uint64_t seed,
-                                                       bool centroid_head) {
+                                                       bool centroid_head, DType weight_dtype) {
   const std::string origin = fmt::format("random assistant drafter (seed {})", seed);
   std::unique_ptr<AssistantModel> d(new AssistantModel());
   d->config_ = config;
@@ -143,6 +143,8 @@ std::unique_ptr<AssistantModel> AssistantModel::random(const AssistantConfig& co
   declare_assistant_weights(c, centroid_head, &d->weights_, &table);
   // token_ordering (integer) is left empty by random_weights: the permutation is host-only.
   d->weight_buffer_ = gemma4::random_weights(table, backend, seed, DType::kBF16);
+  if (is_quantized(weight_dtype))
+    d->weight_buffer_ = gemma4::quantize_weights(table, backend, weight_dtype);
   if (centroid_head) {
     // Fisher-Yates over the vocabulary with a stream of its own (the weights use seed + i).
     const int64_t V = c.text.vocab_size;

@@ -81,10 +81,12 @@ class AssistantModel {
   // for benchmarks of released shapes without a checkpoint. A centroid head gets a
   // seeded permutation of the vocabulary as its token ordering. Geometry is
   // checked as load() checks it.
+  // `weight_dtype` kI8 | kF8E4M3 quantizes the bf16 values' matrices
+  // (gemma4::quantize_weights), for benchmarks of quantized drafters.
   static std::unique_ptr<AssistantModel> random(const AssistantConfig& config,
                                                 const gemma4::Gemma4Config& target,
-                                                Backend& backend, uint64_t seed,
-                                                bool centroid_head);
+                                                Backend& backend, uint64_t seed, bool centroid_head,
+                                                DType weight_dtype = DType::kBF16);
   ~AssistantModel();
 
   const AssistantConfig& config() const { return config_; }

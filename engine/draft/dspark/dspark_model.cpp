@@ -130,7 +130,13 @@ std::unique_ptr<DSparkModel> DSparkModel::random(const DSparkConfig& config,
   io::WeightTable table;
   declare_dspark_weights(m->config_, target.config().hidden_size, target.config().vocab_size,
                          &m->weights_, &table);
-  m->weight_buffer_ = gemma4::random_weights(table, backend, seed, dtype);
+  if (is_quantized(dtype)) {
+    // bf16 values first (the same as a bf16 drafter's), then their quantization.
+    const DeviceBuffer values = gemma4::random_weights(table, backend, seed, DType::kBF16);
+    m->weight_buffer_ = gemma4::quantize_weights(table, backend, dtype);
+  } else {
+    m->weight_buffer_ = gemma4::random_weights(table, backend, seed, dtype);
+  }
   m->weight_bytes_ = bytes_of(table);
   m->init_after_weights(origin);
   return m;
