@@ -14,8 +14,8 @@ namespace {
 
 constexpr int kQuantWarps = 4;  // columns per block (one per warp)
 constexpr int kQuantThreads = kQuantWarps * 32;
-constexpr int kQuantRows = 8;   // activation rows per warp and pass over the weights
-constexpr int kQuantChunk = 4;  // weight elements per lane step: part of the numerics
+constexpr int kQuantRows = 8;    // activation rows per warp and pass over the weights
+constexpr int kQuantChunk = 16;  // weight elements per lane step: part of the numerics
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // The code's value, exactly as the host's decode (int8 value; e4m3_to_f32).
@@ -38,6 +38,47 @@ __device__ __forceinline__ float decode(uint32_t code) {
   }
 }
 
+// The weights of chunk `c` of row `wr` (K elements) as f32: decode(q) · s,
+// elements past K as 0 (never used). kVec: one 16-byte load (the row and the
+// chunk 16-byte aligned, K % kQuantChunk == 0); else one byte at a time. Both
+// give the same values.
+template <DType kDt, bool kVec>
+__device__ __forceinline__ void load_weights(const uint8_t* wr, int k, int c, float s,
+                                             float (&wf)[kQuantChunk]) {
+  const int64_t k0 = static_cast<int64_t>(c) * kQuantChunk;
+  if constexpr (kVec) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(wr + k0));
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < kQuantChunk; ++j)
+      wf[j] = __fmul_rn(decode<kDt>(words[j / 4] >> (8 * (j % 4))), s);
+  } else {
+    const int count = min(kQuantChunk, static_cast<int>(k - k0));
+#pragma unroll
+    for (int j = 0; j < kQuantChunk; ++j)
+      wf[j] = j < count ? __fmul_rn(decode<kDt>(__ldg(wr + k0 + j)), s) : 0.0f;
+  }
+}
+
+// acc[g] += wf[j] · x[m0 + g, k0 + j] for the chunk's elements, one fmaf at a
+// time in j order, for the block's `rows` rows: a row's arithmetic is the same
+// whatever `rows` is.
+__device__ __forceinline__ void accumulate(const float* x, int k, int m0, int rows, int c,
+                                           const float (&wf)[kQuantChunk],
+                                           float (&acc)[kQuantRows]) {
+  const int64_t k0 = static_cast<int64_t>(c) * kQuantChunk;
+  const int count = min(kQuantChunk, static_cast<int>(k - k0));
+#pragma unroll
+  for (int g = 0; g < kQuantRows; ++g) {
+    if (g >= rows) break;
+    const float* xr = x + static_cast<int64_t>(m0 + g) * k + k0;
+#pragma unroll
+    for (int j = 0; j < kQuantChunk; ++j) {
+      if (j < count) acc[g] = fmaf(wf[j], xr[j], acc[g]);
+    }
+  }
+}
+
 // Grid: x over column blocks of kQuantWarps columns, y over groups of
 // kQuantRows activation rows. Warp w of block b owns column b·kQuantWarps + w.
 template <DType kDt, bool kVec>
@@ -55,28 +96,21 @@ __global__ void __launch_bounds__(kQuantThreads)
 #pragma unroll
   for (int g = 0; g < kQuantRows; ++g) acc[g] = 0.0f;
   const int n_chunks = (k + kQuantChunk - 1) / kQuantChunk;
-  for (int c = lane; c < n_chunks; c += 32) {
-    const int64_t k0 = static_cast<int64_t>(c) * kQuantChunk;
-    const int count = min(kQuantChunk, static_cast<int>(k - k0));
-    float wf[kQuantChunk];
-    if constexpr (kVec) {
-      const uint32_t bits = __ldg(reinterpret_cast<const unsigned int*>(wr + k0));
-#pragma unroll
-      for (int j = 0; j < kQuantChunk; ++j) wf[j] = __fmul_rn(decode<kDt>(bits >> (8 * j)), s);
-    } else {
-#pragma unroll
-      for (int j = 0; j < kQuantChunk; ++j)
-        wf[j] = j < count ? __fmul_rn(decode<kDt>(__ldg(wr + k0 + j)), s) : 0.0f;
-    }
-#pragma unroll
-    for (int g = 0; g < kQuantRows; ++g) {
-      if (g >= rows) break;
-      const float* xr = x + static_cast<int64_t>(m0 + g) * k + k0;
-#pragma unroll
-      for (int j = 0; j < kQuantChunk; ++j) {
-        if (j < count) acc[g] = fmaf(wf[j], xr[j], acc[g]);
-      }
-    }
+  // Lane `lane` takes chunks lane, lane + 32, ... in increasing order; two
+  // are loaded before either is used (more bytes in flight), which changes
+  // only when the loads issue, never the order of the fmaf.
+  int c = lane;
+  for (; c + 32 < n_chunks; c += 64) {
+    float wa[kQuantChunk], wb[kQuantChunk];
+    load_weights<kDt, kVec>(wr, k, c, s, wa);
+    load_weights<kDt, kVec>(wr, k, c + 32, s, wb);
+    accumulate(x, k, m0, rows, c, wa, acc);
+    accumulate(x, k, m0, rows, c + 32, wb, acc);
+  }
+  for (; c < n_chunks; c += 32) {
+    float wa[kQuantChunk];
+    load_weights<kDt, kVec>(wr, k, c, s, wa);
+    accumulate(x, k, m0, rows, c, wa, acc);
   }
 #pragma unroll
   for (int g = 0; g < kQuantRows; ++g) {
@@ -128,7 +162,7 @@ void quant_linear(const float* x, const void* w, DType dtype, const float* scale
     fail("linear: a quantized product of {} x {} x {} exceeds the kernel's grid", m, n, k);
   }
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_groups));
-  const bool vec = k % kQuantChunk == 0 && (reinterpret_cast<uintptr_t>(w) & 3u) == 0;
+  const bool vec = k % kQuantChunk == 0 && (reinterpret_cast<uintptr_t>(w) & 15u) == 0;
   const auto* codes = static_cast<const uint8_t*>(w);
   with_quant_dtype(dtype, [&](auto tag) {
     constexpr DType kDt = decltype(tag)::value;

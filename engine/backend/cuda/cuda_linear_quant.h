@@ -8,13 +8,14 @@
 // Numerics. A weight element is w = decode(q) · scale[row], one f32 product
 // (__fmul_rn), exactly the value the CPU backend dequantizes to. Then
 // y[m, n] = Σ_k w[n, k] · x[m, k] in a fixed order: the weight row is cut
-// into chunks of 4 elements; lane l of the warp that owns column n
+// into chunks of 16 elements; lane l of the warp that owns column n
 // accumulates chunks l, l + 32, ... in increasing order, each as fmaf in
 // element order into one f32 partial sum (the last chunk may be shorter); the
-// 32 partial sums are added by a fixed xor tree. One warp computes every row
-// of a column the same way whatever M is, whether loads are vectorised
-// (aligned rows, K % 4 == 0) or not: batch-invariant and reproducible. A
-// simple GEMV-like kernel for drafters' decode shapes, not tuned.
+// 32 partial sums are added by a fixed xor tree. One warp computes up to 8
+// rows of a column, each the same way whatever M is, whether loads are
+// vectorised (16-byte aligned rows, K % 16 == 0) or not: batch-invariant and
+// reproducible. A simple GEMV-like kernel for drafters' decode shapes (16-byte
+// weight loads, two chunks in flight per lane), not tuned further.
 #pragma once
 
 #include <cuda_runtime.h>
