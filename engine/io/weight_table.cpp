@@ -162,8 +162,9 @@ void WeightTable::bind(const Checkpoint& checkpoint) const {
                                      dtype_name(info.dtype), dtype_list(e.dtypes), file));
       ok = false;
     }
+    // A quantized tensor's scales belong to it even when it is refused (not "unexpected").
+    if (is_quantized(info.dtype)) declared.insert(e.name + kScaleSuffix);
     if (ok && is_quantized(info.dtype)) {
-      declared.insert(e.name + kScaleSuffix);
       const Tensor scales = bind_scales(e, checkpoint, info.dtype, &problems);
       if (scales.empty()) continue;
       views[i] = checkpoint.get(e.name).with_scales(scales.data_as<const float>());
