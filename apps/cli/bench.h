@@ -31,6 +31,7 @@ struct BenchArgs {
   bool need_tokenizer = false;  // load one even without --prompt-file (serve)
   uint64_t seed = 1234;
   std::string draft_head = "auto";  // head of a --draft random drafter (auto: as released)
+  std::string draft_dtype = "bf16";  // weights of a --draft random / random-dspark drafter
   // --micro: forward timings against the measured copy bandwidth and matrix peak.
   bool micro = false;
   int context = 512;

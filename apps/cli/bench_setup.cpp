@@ -21,6 +21,7 @@
 #include "apps/cli/commands.h"
 #include "apps/cli/setup.h"
 #include "engine/backend/backends.h"
+#include "engine/io/quantize.h"
 #include "engine/model/gemma4/presets.h"
 #include "engine/speculative/engine.h"
 
@@ -122,6 +123,12 @@ int64_t needed_context(const BenchArgs& a) {
   return ctx;
 }
 
+// The weight dtype of a random drafter (--draft-dtype).
+DType random_draft_dtype(const BenchArgs& a) {
+  return a.draft_dtype == "bf16" ? DType::kBF16
+                                 : io::parse_quantized_dtype(a.draft_dtype, "--draft-dtype");
+}
+
 // --draft random-dspark[-deepspec][:γ]: a seeded random DSpark drafter of the
 // seed's default shape for the target (specula layout) or of DeepSpec's
 // released shape, with block size γ when given.
@@ -148,13 +155,15 @@ void build_random_dspark(LoadedModels& m, const BenchArgs& a, bool quiet) {
   if (gamma > 0) config.block_size = gamma;
   const auto t1 = std::chrono::steady_clock::now();
   m.draft_dir = fmt::format("{}:{}", spec, a.seed + 1);
-  m.dspark = dspark::DSparkModel::random(config, *m.target, m.target->backend(), a.seed + 1);
+  m.dspark = dspark::DSparkModel::random(config, *m.target, m.target->backend(), a.seed + 1,
+                                         random_draft_dtype(a));
   auto drafter = std::make_unique<dspark::DSparkDrafter>(*m.target, *m.dspark);
   const std::string pruning = apply_pruning(*drafter, *m.dspark, a.model);
   m.draft_source = std::move(drafter);
   if (!quiet) {
-    fmt::print(stderr, "drafter: random {}; {}, {:.2f} GB ({:.2f} s)\n", m.dspark->description(),
-               pruning, m.dspark->weight_bytes() / 1e9, seconds_since(t1));
+    fmt::print(stderr, "drafter: random {}; {}, {:.2f} GB of {} weights ({:.2f} s)\n",
+               m.dspark->description(), pruning, m.dspark->weight_bytes() / 1e9, a.draft_dtype,
+               seconds_since(t1));
   }
 }
 
@@ -242,11 +251,12 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
     m.draft_dir = fmt::format("random:{}", a.seed + 1);
     m.drafter = assistant::AssistantModel::random(
         assistant::assistant_config_for(c), c, m.target->backend(), a.seed + 1,
-        /*centroid_head=*/a.draft_head == "centroid" || (a.draft_head == "auto" && c.has_ple()));
+        /*centroid_head=*/a.draft_head == "centroid" || (a.draft_head == "auto" && c.has_ple()),
+        random_draft_dtype(a));
     if (!quiet) {
-      fmt::print(stderr, "drafter: random ({} layers, hidden {}, {}; {:.2f} s)\n",
+      fmt::print(stderr, "drafter: random ({} layers, hidden {}, {}, {} weights; {:.2f} s)\n",
                  m.drafter->config().text.num_hidden_layers, m.drafter->config().text.hidden_size,
-                 m.drafter->head_description(), seconds_since(t1));
+                 m.drafter->head_description(), a.draft_dtype, seconds_since(t1));
     }
   }
   if (random_dspark) build_random_dspark(m, a, quiet);

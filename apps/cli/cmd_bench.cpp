@@ -214,6 +214,11 @@ void register_bench(CLI::App& app) {
                   "released drafters: centroid for E2B/E4B-class targets, dense for 26B/31B)")
       ->check(CLI::IsMember({"auto", "centroid", "dense"}))
       ->capture_default_str();
+  cmd->add_option("--draft-dtype", args->draft_dtype,
+                  "Weights of a --draft random / random-dspark drafter: bf16, or int8 / fp8 "
+                  "(its bf16 matrices quantized as `specula quantize` does)")
+      ->check(CLI::IsMember({"bf16", "int8", "fp8"}))
+      ->capture_default_str();
   cmd->add_flag(
       "--micro", args->micro,
       "Time model forwards directly: copy bandwidth, matrix peak, decode steps per "

@@ -23,5 +23,6 @@ void register_calibrate(CLI::App& app);
 void register_ab(CLI::App& app);
 void register_dspark_record(CLI::App& app);
 void register_regen(CLI::App& app);
+void register_quantize(CLI::App& app);
 
 }  // namespace specula::cli

@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
   specula::cli::register_ab(app);
   specula::cli::register_dspark_record(app);
   specula::cli::register_regen(app);
+  specula::cli::register_quantize(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

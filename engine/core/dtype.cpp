@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "engine/core/dtype.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace specula {
@@ -19,6 +20,10 @@ std::string_view dtype_name(DType t) {
       return "i64";
     case DType::kU8:
       return "u8";
+    case DType::kI8:
+      return "i8";
+    case DType::kF8E4M3:
+      return "f8e4m3";
   }
   return "?";
 }
@@ -37,13 +42,17 @@ std::string_view dtype_safetensors_name(DType t) {
       return "I64";
     case DType::kU8:
       return "U8";
+    case DType::kI8:
+      return "I8";
+    case DType::kF8E4M3:
+      return "F8_E4M3";
   }
   return "?";
 }
 
 bool dtype_from_safetensors(std::string_view name, DType* out) {
-  static constexpr DType kAll[] = {DType::kF32, DType::kBF16, DType::kF16,
-                                   DType::kI32, DType::kI64,  DType::kU8};
+  static constexpr DType kAll[] = {DType::kF32, DType::kBF16, DType::kF16, DType::kI32,
+                                   DType::kI64, DType::kU8,   DType::kI8,  DType::kF8E4M3};
   for (DType t : kAll) {
     if (dtype_safetensors_name(t) == name) {
       *out = t;
@@ -91,6 +100,29 @@ uint16_t f32_to_f16(float f) {
   const uint32_t rem = mantissa & 0x1fffu;
   if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
   return static_cast<uint16_t>(half);
+}
+
+uint8_t f32_to_e4m3(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80u);
+  if (std::isnan(f)) return static_cast<uint8_t>(sign | 0x7f);
+  const float a = std::fabs(f);
+  if (a >= 448.0f) return static_cast<uint8_t>(sign | 0x7e);
+  // Below 2^-6 the grid is the subnormals' (steps of 2^-9); above, 8 steps per
+  // binade. Scaling to the grid and rounding with nearbyint (ties to even under
+  // the default rounding mode) is exact: every product here is a power-of-two scaling.
+  int e;
+  std::frexp(a, &e);  // a = m · 2^e, m in [0.5, 1)
+  const int exponent = std::max(e - 1, -6);
+  const float step = std::ldexp(1.0f, exponent - 3);
+  const float units = std::nearbyint(a / step);  // in [0, 16] steps of the binade
+  if (units == 0) return sign;
+  if (exponent == -6 && units < 8) return static_cast<uint8_t>(sign | static_cast<int>(units));
+  // units == 16 rounds up into the next binade (never past 448: checked above).
+  const int biased = exponent + 7 + (units >= 16 ? 1 : 0);
+  const int mantissa = units >= 16 ? 0 : static_cast<int>(units) - 8;
+  return static_cast<uint8_t>(sign | (biased << 3) | mantissa);
 }
 
 }  // namespace specula

@@ -10,7 +10,10 @@
 
 namespace specula {
 
-enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8 };
+// kI8 and kF8E4M3 are quantized weight matrices: a Tensor of either carries
+// per-row f32 scales (Tensor::scales), and element [r, c] stands for
+// decode(q[r, c]) · scale[r] (docs/architecture.md, "Quantized drafters").
+enum class DType : uint8_t { kF32, kBF16, kF16, kI32, kI64, kU8, kI8, kF8E4M3 };
 
 // Size in bytes of one element.
 constexpr size_t dtype_size(DType t) {
@@ -26,15 +29,22 @@ constexpr size_t dtype_size(DType t) {
     case DType::kI64:
       return 8;
     case DType::kU8:
+    case DType::kI8:
+    case DType::kF8E4M3:
       return 1;
   }
   return 0;
 }
 
+// Quantized weight dtypes (int8, fp8 e4m3): one byte an element plus per-row scales.
+constexpr bool is_quantized(DType t) {
+  return t == DType::kI8 || t == DType::kF8E4M3;
+}
+
 // Lower-case short name ("f32", "bf16", ...), used in every error message.
 std::string_view dtype_name(DType t);
 
-// safetensors spelling ("F32", "BF16", "F16", "I32", "I64", "U8"); parse returns
+// safetensors spelling ("F32", "BF16", "F16", "I32", "I64", "U8", "I8", "F8_E4M3"); parse returns
 // false for a dtype the engine does not support.
 std::string_view dtype_safetensors_name(DType t);
 bool dtype_from_safetensors(std::string_view name, DType* out);
@@ -56,6 +66,28 @@ inline uint16_t f32_to_bf16(float f) {
 }
 float f16_to_f32(uint16_t v);
 uint16_t f32_to_f16(float f);
+
+// OCP fp8 e4m3 (E4M3FN, torch.float8_e4m3fn): sign, 4 exponent bits (bias 7),
+// 3 mantissa bits, no infinities; S.1111.111 is NaN; the largest finite value
+// is 448. Decoding is exact. Encoding rounds to nearest even and saturates
+// finite values beyond ±448 to ±448 (NaN stays NaN), as quantizers do.
+inline float e4m3_to_f32(uint8_t v) {
+  const int exponent = (v >> 3) & 0xf;
+  const int mantissa = v & 0x7;
+  float magnitude;
+  if (exponent == 0xf && mantissa == 0x7) {
+    magnitude = __builtin_nanf("");
+  } else if (exponent == 0) {
+    magnitude = static_cast<float>(mantissa) * 0x1p-9f;  // subnormal: m · 2^-9
+  } else {
+    // (8 + m) · 2^(e - 10), built from its bits: exact.
+    const uint32_t bits =
+        (static_cast<uint32_t>(exponent + 120) << 23) | (static_cast<uint32_t>(mantissa) << 20);
+    std::memcpy(&magnitude, &bits, 4);
+  }
+  return (v & 0x80) ? -magnitude : magnitude;
+}
+uint8_t f32_to_e4m3(float f);
 
 }  // namespace specula
 

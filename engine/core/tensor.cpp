@@ -8,7 +8,22 @@ Tensor Tensor::reshape(Shape shape) const {
     fail("cannot reshape {} to {}: element counts {} and {} differ", describe(), shape.str(),
          numel(), shape.numel());
   }
-  return Tensor(data_, dtype_, shape, device_);
+  Tensor out(data_, dtype_, shape, device_);
+  if (scales_ != nullptr && rank() > 0 && shape.rank() > 0 && shape[0] == shape_[0])
+    out.scales_ = scales_;
+  return out;
+}
+
+Tensor Tensor::with_scales(const float* scales) const {
+  if (!is_quantized(dtype_)) fail("only quantized tensors carry scales, not {}", describe());
+  Tensor out = *this;
+  out.scales_ = scales;
+  return out;
+}
+
+Tensor Tensor::scales() const {
+  if (scales_ == nullptr || rank() == 0) return Tensor();
+  return Tensor(const_cast<float*>(scales_), DType::kF32, Shape{shape_[0]}, device_);
 }
 
 Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
@@ -18,13 +33,16 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   Shape s = shape_;
   s[0] = end - begin;
   const size_t row_bytes = shape_[0] == 0 ? 0 : nbytes() / static_cast<size_t>(shape_[0]);
-  return Tensor(static_cast<char*>(data_) + static_cast<size_t>(begin) * row_bytes, dtype_, s,
-                device_);
+  Tensor out(static_cast<char*>(data_) + static_cast<size_t>(begin) * row_bytes, dtype_, s,
+             device_);
+  if (scales_ != nullptr) out.scales_ = scales_ + begin;
+  return out;
 }
 
 Tensor Tensor::row(int64_t i) const {
   Tensor r = slice_rows(i, i + 1);
   auto dims = shape_.dims().subspan(1);
+  // A quantized row loses its scale (a one-row view has no rows of its own).
   return Tensor(r.data(), dtype_, Shape(dims), device_);
 }
 

@@ -35,9 +35,18 @@ class Tensor {
   int64_t numel() const { return shape_.numel(); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
 
-  // Same memory, another shape with the same element count.
+  // Quantized matrices (is_quantized(dtype): i8, f8e4m3 [R, C]) carry their
+  // per-row scales: f32 [R] on the same device, owned with the data. Element
+  // [r, c] stands for decode(q[r, c]) · scales[r]. Views of other dtypes have none.
+  Tensor with_scales(const float* scales) const;
+  const float* scale_data() const { return scales_; }
+  // The scales as a view, f32 [dim(0)] (empty when there are none).
+  Tensor scales() const;
+
+  // Same memory, another shape with the same element count. A quantized view
+  // keeps its scales only when its rows stay the same (dim 0 unchanged).
   Tensor reshape(Shape shape) const;
-  // Rows [begin, end) along dimension 0.
+  // Rows [begin, end) along dimension 0 (with their scales, when quantized).
   Tensor slice_rows(int64_t begin, int64_t end) const;
   // Row i along dimension 0, with that dimension dropped.
   Tensor row(int64_t i) const;
@@ -54,6 +63,7 @@ class Tensor {
   DType dtype_ = DType::kF32;
   Shape shape_;
   Device device_;
+  const float* scales_ = nullptr;  // quantized dtypes only: f32 [dim(0)]
 };
 
 // The value of a one-element float tensor in host memory (f32, bf16 or f16),

@@ -27,7 +27,7 @@ using nlohmann::json;
 // The reference implementation refuses headers above 100 MB; a larger length
 // field means the file is not safetensors at all (or its first bytes are garbage).
 constexpr uint64_t kMaxHeaderBytes = 100ull * 1000 * 1000;
-constexpr char kSupportedDtypes[] = "F32, BF16, F16, I32, I64, U8";
+constexpr char kSupportedDtypes[] = "F32, BF16, F16, I32, I64, U8, I8, F8_E4M3";
 
 uint64_t read_u64_le(const uint8_t* p) {
   uint64_t v = 0;

@@ -63,6 +63,10 @@ std::optional<NonFinite> find_non_finite(const Tensor& t) {
       at = first_all_ones_exponent(t.data_as<const uint16_t>(), n, uint16_t{0x7c00u});
       if (at < 0) return std::nullopt;
       return NonFinite{at, f16_to_f32(t.data_as<const uint16_t>()[at])};
+    case DType::kF8E4M3:  // no infinities; S.1111.111 is NaN
+      at = first_all_ones_exponent(t.data_as<const uint8_t>(), n, uint8_t{0x7f});
+      if (at < 0) return std::nullopt;
+      return NonFinite{at, e4m3_to_f32(t.data_as<const uint8_t>()[at])};
     default:
       return std::nullopt;
   }
@@ -92,6 +96,44 @@ void WeightTable::add_typed(std::string name, Shape shape, std::vector<DType> dt
   entries_.push_back(Entry{std::move(name), shape, std::move(dtypes), field, required});
 }
 
+void WeightTable::add_matrix(std::string name, Shape shape, Tensor* field, bool required) {
+  add_typed(std::move(name), shape,
+            {DType::kF32, DType::kBF16, DType::kF16, DType::kI8, DType::kF8E4M3}, field, required);
+  entries_.back().quantizable = true;
+}
+
+std::vector<std::string> WeightTable::matrix_names() const {
+  std::vector<std::string> names;
+  for (const Entry& e : entries_)
+    if (e.quantizable) names.push_back(e.name);
+  return names;
+}
+
+namespace {
+
+// The scales of quantized entry `e` (whose tensor is in `checkpoint`): their
+// view, or empty after adding the problem to `problems`.
+Tensor bind_scales(const WeightTable::Entry& e, const Checkpoint& checkpoint, DType dtype,
+                   std::vector<std::string>* problems) {
+  const std::string name = e.name + kScaleSuffix;
+  const Shape want{e.shape.rank() > 0 ? e.shape[0] : 0};
+  if (!checkpoint.contains(name)) {
+    problems->push_back(fmt::format("missing: {} (expected f32{}: the per-row scales of {} {})",
+                                    name, want.str(), dtype_name(dtype), e.name));
+    return Tensor();
+  }
+  const TensorInfo& info = checkpoint.info(name);
+  if (info.dtype != DType::kF32 || info.shape != want) {
+    problems->push_back(fmt::format("{}: expected f32{}, got {}{} in file {}", name, want.str(),
+                                    dtype_name(info.dtype), info.shape.str(),
+                                    checkpoint.file_of(name)));
+    return Tensor();
+  }
+  return checkpoint.get(name);
+}
+
+}  // namespace
+
 void WeightTable::bind(const Checkpoint& checkpoint) const {
   std::vector<std::string> problems;
   std::vector<Tensor> views(entries_.size());
@@ -119,6 +161,14 @@ void WeightTable::bind(const Checkpoint& checkpoint) const {
       problems.push_back(fmt::format("{}: dtype {} not accepted (expected {}) in file {}", e.name,
                                      dtype_name(info.dtype), dtype_list(e.dtypes), file));
       ok = false;
+    }
+    // A quantized tensor's scales belong to it even when it is refused (not "unexpected").
+    if (is_quantized(info.dtype)) declared.insert(e.name + kScaleSuffix);
+    if (ok && is_quantized(info.dtype)) {
+      const Tensor scales = bind_scales(e, checkpoint, info.dtype, &problems);
+      if (scales.empty()) continue;
+      views[i] = checkpoint.get(e.name).with_scales(scales.data_as<const float>());
+      continue;
     }
     if (ok) views[i] = checkpoint.get(e.name);
   }

@@ -5,7 +5,11 @@
 // same code on every device.
 //
 // Conventions for every op:
-// - Activations are f32 on the CPU backend; weights may be f32, bf16 or f16.
+// - Activations are f32 on the CPU backend; weights may be f32, bf16 or f16,
+//   and the weights of linear (and linear_multi, linear_gelu_mul) and the
+//   tables of embedding may also be quantized (i8, f8e4m3 [N, K] carrying
+//   per-row f32 scales, Tensor::scales): they compute with decode(q) · scale
+//   rounded to f32, as if given that dequantized f32 matrix.
 // - All tensors are contiguous row-major views on the backend's device; outputs
 //   are caller-provided (ops never allocate).
 // - Shapes are checked and a mismatch throws an Error naming the op and both shapes.
@@ -260,7 +264,8 @@ class Backend : public MemoryResource {
   // backend produces the same values (random-weight models, cross-backend tests).
   virtual void fill_uniform(const Tensor& t, uint64_t seed, float lo, float hi) = 0;
 
-  // y[M, N] = x[M, K] · w[N, K]ᵀ. x, y f32; w f32|bf16|f16. y must not alias x.
+  // y[M, N] = x[M, K] · w[N, K]ᵀ. x, y f32; w f32|bf16|f16|i8|f8e4m3 (quantized:
+  // with scales). y must not alias x.
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
   // Several products of one x (q/k/v, gate/up): each y = x · wᵀ exactly as
   // linear() computes it; a backend may run them as one launch. No y may alias x.
@@ -282,7 +287,8 @@ class Backend : public MemoryResource {
   virtual void linear_prefill(const Tensor& x, const Tensor& w, const Tensor& y) {
     linear(x, w, y);
   }
-  // out[n, :] = table[ids[n], :] · scale. table [V, H] any float; ids i32 [N]; out f32 [N, H].
+  // out[n, :] = table[ids[n], :] · scale. table [V, H] any float, or quantized
+  // (row ids[n] dequantized first); ids i32 [N]; out f32 [N, H].
   // An id outside [0, V) throws naming the id.
   virtual void embedding(const Tensor& table, const Tensor& ids, float scale,
                          const Tensor& out) = 0;

@@ -15,6 +15,9 @@ namespace specula::ops {
 void check_dtype(const char* op, const char* name, const Tensor& t, DType dtype);
 // f32, bf16 or f16.
 void check_float(const char* op, const char* name, const Tensor& t);
+// A weight matrix of linear or embedding: f32, bf16, f16, or a quantized
+// dtype (i8, f8e4m3) of rank 2 that carries its per-row scales.
+void check_weight(const char* op, const char* name, const Tensor& t);
 void check_rank(const char* op, const char* name, const Tensor& t, int rank);
 // Same shape; the message names both tensors and both shapes.
 void check_same_shape(const char* op, const char* a_name, const Tensor& a, const char* b_name,

@@ -22,6 +22,19 @@ void check_float(const char* op, const char* name, const Tensor& t) {
   }
 }
 
+void check_weight(const char* op, const char* name, const Tensor& t) {
+  if (!is_quantized(t.dtype())) {
+    const DType d = t.dtype();
+    if (d != DType::kF32 && d != DType::kBF16 && d != DType::kF16) {
+      fail("{}: {} must be f32, bf16, f16, i8 or f8e4m3, got {}", op, name, t.describe());
+    }
+    return;
+  }
+  if (t.rank() != 2) fail("{}: quantized {} must have rank 2, got {}", op, name, t.describe());
+  if (t.scale_data() == nullptr)
+    fail("{}: quantized {} {} has no per-row scales", op, name, t.describe());
+}
+
 void check_rank(const char* op, const char* name, const Tensor& t, int rank) {
   if (t.rank() != rank) fail("{}: {} must have rank {}, got {}", op, name, rank, t.describe());
 }

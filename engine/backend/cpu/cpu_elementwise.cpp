@@ -67,7 +67,7 @@ void CpuBackend::embedding(const Tensor& table, const Tensor& ids, float scale, 
   cpu::check_host(kOp, "table", table);
   cpu::check_host(kOp, "ids", ids);
   cpu::check_host(kOp, "out", out);
-  cpu::check_float(kOp, "table", table);
+  cpu::check_weight(kOp, "table", table);
   cpu::check_rank(kOp, "table", table, 2);
   cpu::check_dtype(kOp, "ids", ids, DType::kI32);
   cpu::check_rank(kOp, "ids", ids, 1);
@@ -89,12 +89,10 @@ void CpuBackend::embedding(const Tensor& table, const Tensor& ids, float scale, 
            id[i], i, vocab, table.describe());
     }
   }
-  const auto* base = static_cast<const char*>(table.data());
-  const size_t row_bytes = static_cast<size_t>(h) * dtype_size(table.dtype());
   float* o = out.data_as<float>();
   cpu::parallel_for_each(n, cpu::worth_parallel(n * h), [&](int64_t i, int) {
     float* row = o + i * h;
-    cpu::to_f32(base + static_cast<size_t>(id[i]) * row_bytes, table.dtype(), row, h);
+    cpu::weight_row_to_f32(table, id[i], 0, row, h);
     for (int64_t j = 0; j < h; ++j) row[j] *= scale;
   });
 }

@@ -32,6 +32,7 @@ using ops::check_float;
 using ops::check_no_alias;
 using ops::check_rank;
 using ops::check_same_shape;
+using ops::check_weight;
 // Whether `work` scalar operations are enough to pay for starting an OpenMP
 // parallel region (used in `if` clauses).
 bool worth_parallel(int64_t work);
@@ -72,6 +73,21 @@ float dot(const float* a, const float* b, int64_t n);
 void axpy(float alpha, const float* x, float* y, int64_t n);
 // dst[i] = float(src[i]) for an f32, bf16 or f16 source of n elements.
 void to_f32(const void* src, DType dtype, float* dst, int64_t n);
+// dst[i] = decode(src[i]) · scale (one f32 product, rounded once) for n
+// elements of a quantized row (i8: the integer; f8e4m3: e4m3_to_f32).
+void dequantize_to_f32(const void* src, DType dtype, float scale, float* dst, int64_t n);
+// Row r of weight w, elements [k0, k0 + n), as f32: to_f32 for float dtypes,
+// dequantize_to_f32 with the row's scale for quantized ones.
+inline void weight_row_to_f32(const Tensor& w, int64_t r, int64_t k0, float* dst, int64_t n) {
+  const size_t elt = dtype_size(w.dtype());
+  const char* src =
+      static_cast<const char*>(w.data()) + (static_cast<size_t>(r * w.dim(1) + k0)) * elt;
+  if (is_quantized(w.dtype())) {
+    dequantize_to_f32(src, w.dtype(), w.scale_data()[r], dst, n);
+  } else {
+    to_f32(src, w.dtype(), dst, n);
+  }
+}
 
 // Exact f16 → f32, written as selects rather than branches so loops over it
 // vectorise; agrees with core's f16_to_f32 on all 65536 inputs (tested).

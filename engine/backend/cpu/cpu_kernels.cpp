@@ -4,6 +4,7 @@
 // also compiled for AVX2 and picked at load time, since the build assumes no
 // instruction set beyond the baseline. Both versions perform the same f32
 // operations in the same order, so results are identical whichever one runs.
+#include <array>
 #include <cstring>
 
 #include "engine/backend/cpu/cpu_internal.h"
@@ -296,6 +297,30 @@ void to_f32(const void* src, DType dtype, float* dst, int64_t n) {
       return;
     default:
       fail("to_f32: unsupported source dtype {}", dtype_name(dtype));
+  }
+}
+
+void dequantize_to_f32(const void* src, DType dtype, float scale, float* dst, int64_t n) {
+  switch (dtype) {
+    case DType::kI8: {
+      const auto* q = static_cast<const int8_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(q[i]) * scale;
+      return;
+    }
+    case DType::kF8E4M3: {
+      // e4m3_to_f32 of every code, once: a lookup per element instead of the decode.
+      static const std::array<float, 256> kDecoded = [] {
+        std::array<float, 256> t{};
+        for (int c = 0; c < 256; ++c)
+          t[static_cast<size_t>(c)] = e4m3_to_f32(static_cast<uint8_t>(c));
+        return t;
+      }();
+      const auto* q = static_cast<const uint8_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = kDecoded[q[i]] * scale;
+      return;
+    }
+    default:
+      fail("dequantize_to_f32: {} is not a quantized dtype", dtype_name(dtype));
   }
 }
 

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// linear: y = x · wᵀ with f32 activations and f32/bf16/f16 weights.
+// linear: y = x · wᵀ with f32 activations and f32/bf16/f16 weights, or
+// quantized (i8, f8e4m3) weights, computed exactly as the f32 product with the
+// dequantized matrix (each weight decode(q) · scale[row], rounded to f32 once).
 
 #include <algorithm>
 #include <limits>
@@ -38,6 +40,9 @@ void gemv_rows(const float* x, int64_t m_rows, const Tensor& w, float* y) {
       const float* wk;
       if (dtype == DType::kF32) {
         wk = reinterpret_cast<const float*>(row) + k0;
+      } else if (is_quantized(dtype)) {
+        weight_row_to_f32(w, r, k0, converted, len);
+        wk = converted;
       } else {
         to_f32(row + static_cast<size_t>(k0) * elt, dtype, converted, len);
         wk = converted;
@@ -64,13 +69,11 @@ void dot_rows(const float* x, int64_t m_rows, const Tensor& w, float* y, Scratch
   const int team = team_size();
   ScratchPool::Lease lease(scratch, widen ? static_cast<size_t>(team) * static_cast<size_t>(k) : 0);
   float* widened = lease.data();
-  const size_t elt = dtype_size(dtype);
-  const auto* base = static_cast<const char*>(w.data());
   parallel_for_each(n, worth_parallel(m_rows * n * k), [&](int64_t r, int slot) {
     const float* wr;
     if (widen) {
       float* buf = widened + static_cast<int64_t>(slot) * k;
-      to_f32(base + static_cast<size_t>(r * k) * elt, dtype, buf, k);
+      weight_row_to_f32(w, r, 0, buf, k);
       wr = buf;
     } else {
       wr = w.data_as<const float>() + r * k;
@@ -104,7 +107,7 @@ void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   cpu::check_host(kOp, "w", w);
   cpu::check_host(kOp, "y", y);
   cpu::check_dtype(kOp, "x", x, DType::kF32);
-  cpu::check_float(kOp, "w", w);
+  cpu::check_weight(kOp, "w", w);
   cpu::check_dtype(kOp, "y", y, DType::kF32);
   cpu::check_rank(kOp, "x", x, 2);
   cpu::check_rank(kOp, "w", w, 2);

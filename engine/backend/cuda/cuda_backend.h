@@ -277,6 +277,7 @@ using ops::check_float;
 using ops::check_no_alias;
 using ops::check_rank;
 using ops::check_same_shape;
+using ops::check_weight;
 
 // Launch geometry helper: blocks of `threads` covering n items (at least 1).
 inline unsigned blocks_for(int64_t n, int threads) {

@@ -50,6 +50,10 @@
 //   f32 checkpoint's prefill pieces of up to 512 rows), slower but exact; only
 //   linear_prefill(), which the model calls for bf16 checkpoints alone, may.
 //
+// - quantized weights (i8, f8e4m3 with per-row scales), any M, in linear(),
+//   linear_prefill() and, one product at a time, linear_multi() and
+//   linear_gelu_mul(): the kernel of cuda_linear_quant.cu (numerics there).
+//
 // embedding, out[n, :] = f32(table[ids[n], :]) · scale. The contract says an id
 // outside [0, V) throws; a kernel cannot throw and checking on the host would
 // need a device->host read-back (a stream synchronisation) on every call, so
@@ -80,6 +84,7 @@
 #include "engine/backend/cuda/cuda_device_common.cuh"
 #include "engine/backend/cuda/cuda_launch.cuh"
 #include "engine/backend/cuda/cuda_linear_mma.h"
+#include "engine/backend/cuda/cuda_linear_quant.h"
 #include "engine/backend/cuda/cuda_multi_outs.cuh"
 
 namespace specula::cuda {
@@ -926,7 +931,7 @@ void check_linear_args(const CudaBackend& be, const char* op, const char* w_name
   check_on(be, op, w_name, w);
   check_on(be, op, y_name, y);
   check_dtype(op, "x", x, DType::kF32);
-  check_float(op, w_name, w);
+  check_weight(op, w_name, w);
   check_dtype(op, y_name, y, DType::kF32);
   check_rank(op, "x", x, 2);
   check_rank(op, w_name, w, 2);
@@ -982,6 +987,12 @@ void CudaBackend::linear_rows_above(const Tensor& x, const Tensor& w, const Tens
     fail("linear: x {} or w {} is too large for the GPU kernels (M, N and K must stay below 2^31)",
          x.describe(), w.describe());
   }
+  if (is_quantized(w.dtype())) {
+    // Quantized weights (drafters) take their own invariant kernel at every M.
+    quant_linear(x.data_as<const float>(), w.data(), w.dtype(), w.scale_data(), y.data_as<float>(),
+                 m, n, k, stream_);
+    return;
+  }
   if (m > gemm_rows && linear_lt(*this, x, w, y)) return;
   if (w.dtype() == DType::kBF16) {
     void* ready = take_ready_split(x, m, k);
@@ -1029,7 +1040,9 @@ void CudaBackend::linear_multi(const Tensor& x, std::span<const LinearOut> outs)
   const int64_t m = x.dim(0);
   const int64_t k = x.dim(1);
   const DType dtype = outs[0].w.dtype();
-  bool fused = m >= 1 && m <= kInvariantRows && k >= 1 && k <= INT_MAX - kChunk;
+  // Quantized weights run output by output (linear's own kernel).
+  bool fused =
+      m >= 1 && m <= kInvariantRows && k >= 1 && k <= INT_MAX - kChunk && !is_quantized(dtype);
   for (const LinearOut& o : outs) {
     fused = fused && o.w.dtype() == dtype && o.w.dim(0) <= INT_MAX - kWarps * kCols;
   }
@@ -1088,6 +1101,7 @@ void CudaBackend::linear_gelu_mul(const Tensor& x, const Tensor& w_gate, const T
   const DType dtype = w_gate.dtype();
   const bool fused = m >= 1 && m <= kInvariantRows && n >= 1 && n <= INT_MAX - kWarps * kCols &&
                      k >= 1 && k <= INT_MAX - kChunk && w_up.dtype() == dtype &&
+                     !is_quantized(dtype) &&
                      vector_path(x.data(), w_gate.data(), k, dtype_size(dtype)) &&
                      vector_path(x.data(), w_up.data(), k, dtype_size(dtype));
   if (m >= 1 && m <= kInvariantRows && n >= 1 && n <= INT_MAX - kWarps * kCols && k >= 1 &&
@@ -1128,7 +1142,7 @@ void CudaBackend::embedding(const Tensor& table, const Tensor& ids, float scale,
   check_on(*this, kOp, "table", table);
   check_on(*this, kOp, "ids", ids);
   check_on(*this, kOp, "out", out);
-  check_float(kOp, "table", table);
+  check_weight(kOp, "table", table);
   check_rank(kOp, "table", table, 2);
   check_dtype(kOp, "ids", ids, DType::kI32);
   check_rank(kOp, "ids", ids, 1);
@@ -1142,6 +1156,11 @@ void CudaBackend::embedding(const Tensor& table, const Tensor& ids, float scale,
   check_no_alias(kOp, "out", out, "table", table);
   check_no_alias(kOp, "out", out, "ids", ids);
   if (n == 0 || h == 0) return;
+  if (is_quantized(table.dtype())) {
+    quant_embedding(table.data(), table.dtype(), table.scale_data(), ids.data_as<const int32_t>(),
+                    scale, out.data_as<float>(), n, h, table.dim(0), stream_);
+    return;
+  }
   switch (table.dtype()) {
     case DType::kF32:
       launch_embedding<float>(table, ids, scale, out, stream_);

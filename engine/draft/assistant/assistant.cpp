@@ -16,18 +16,20 @@ namespace specula::assistant {
 namespace {
 
 // Declares every weight the drafter reads (§10.2) into `table`, bound to `w`.
-// Tensors it never reads are declared ignored.
+// Tensors it never reads are declared ignored. Matrices (projections, MLP, the
+// embedding / tied head, the centroids) may be stored quantized (add_matrix);
+// norms and layer scalars may not.
 void declare_assistant_weights(const AssistantConfig& c, bool centroids, AssistantWeights* w,
                                io::WeightTable* table) {
   const gemma4::Gemma4Config& t = c.text;
   const int64_t Ha = t.hidden_size, Hb = c.backbone_hidden_size;
-  table->add("pre_projection.weight", {Ha, 2 * Hb}, &w->pre_projection);
-  table->add("post_projection.weight", {Hb, Ha}, &w->post_projection);
-  table->add("model.embed_tokens.weight", {t.vocab_size, Ha}, &w->embed_tokens);
+  table->add_matrix("pre_projection.weight", {Ha, 2 * Hb}, &w->pre_projection);
+  table->add_matrix("post_projection.weight", {Hb, Ha}, &w->post_projection);
+  table->add_matrix("model.embed_tokens.weight", {t.vocab_size, Ha}, &w->embed_tokens);
   table->add("model.norm.weight", {Ha}, &w->norm);
   table->ignore("lm_head.weight");
   if (centroids) {
-    table->add("masked_embedding.centroids.weight", {c.num_centroids, Ha}, &w->centroids);
+    table->add_matrix("masked_embedding.centroids.weight", {c.num_centroids, Ha}, &w->centroids);
     table->add_typed("masked_embedding.token_ordering", {t.vocab_size}, {DType::kI64, DType::kI32},
                      &w->token_ordering);
   } else {
@@ -43,12 +45,12 @@ void declare_assistant_weights(const AssistantConfig& c, bool centroids, Assista
     table->add(lp + "post_attention_layernorm.weight", {Ha}, &lw.post_attention_layernorm);
     table->add(lp + "pre_feedforward_layernorm.weight", {Ha}, &lw.pre_feedforward_layernorm);
     table->add(lp + "post_feedforward_layernorm.weight", {Ha}, &lw.post_feedforward_layernorm);
-    table->add(lp + "self_attn.q_proj.weight", {Nh * D, Ha}, &lw.q_proj);
+    table->add_matrix(lp + "self_attn.q_proj.weight", {Nh * D, Ha}, &lw.q_proj);
     table->add(lp + "self_attn.q_norm.weight", {D}, &lw.q_norm);
-    table->add(lp + "self_attn.o_proj.weight", {Ha, Nh * D}, &lw.o_proj);
-    table->add(lp + "mlp.gate_proj.weight", {I, Ha}, &lw.gate_proj);
-    table->add(lp + "mlp.up_proj.weight", {I, Ha}, &lw.up_proj);
-    table->add(lp + "mlp.down_proj.weight", {Ha, I}, &lw.down_proj);
+    table->add_matrix(lp + "self_attn.o_proj.weight", {Ha, Nh * D}, &lw.o_proj);
+    table->add_matrix(lp + "mlp.gate_proj.weight", {I, Ha}, &lw.gate_proj);
+    table->add_matrix(lp + "mlp.up_proj.weight", {I, Ha}, &lw.up_proj);
+    table->add_matrix(lp + "mlp.down_proj.weight", {Ha, I}, &lw.down_proj);
     table->add(lp + "layer_scalar", {1}, &lw.layer_scalar);
     for (const char* n :
          {"self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight"}) {
@@ -67,6 +69,15 @@ uint64_t splitmix64(uint64_t* state) {
 }
 
 }  // namespace
+
+std::vector<std::string> assistant_matrix_names(const std::string& path) {
+  const AssistantConfig c = load_assistant_config(path);
+  const io::Checkpoint ckpt(path);
+  AssistantWeights w;
+  io::WeightTable table;
+  declare_assistant_weights(c, ckpt.contains("masked_embedding.centroids.weight"), &w, &table);
+  return table.matrix_names();
+}
 
 AssistantModel::~AssistantModel() = default;
 
@@ -119,7 +130,7 @@ std::unique_ptr<AssistantModel> AssistantModel::load(const std::string& path,
 std::unique_ptr<AssistantModel> AssistantModel::random(const AssistantConfig& config,
                                                        const gemma4::Gemma4Config& target,
                                                        Backend& backend, uint64_t seed,
-                                                       bool centroid_head) {
+                                                       bool centroid_head, DType weight_dtype) {
   const std::string origin = fmt::format("random assistant drafter (seed {})", seed);
   std::unique_ptr<AssistantModel> d(new AssistantModel());
   d->config_ = config;
@@ -132,6 +143,8 @@ std::unique_ptr<AssistantModel> AssistantModel::random(const AssistantConfig& co
   declare_assistant_weights(c, centroid_head, &d->weights_, &table);
   // token_ordering (integer) is left empty by random_weights: the permutation is host-only.
   d->weight_buffer_ = gemma4::random_weights(table, backend, seed, DType::kBF16);
+  if (is_quantized(weight_dtype))
+    d->weight_buffer_ = gemma4::quantize_weights(table, backend, weight_dtype);
   if (centroid_head) {
     // Fisher-Yates over the vocabulary with a stream of its own (the weights use seed + i).
     const int64_t V = c.text.vocab_size;

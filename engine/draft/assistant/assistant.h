@@ -61,6 +61,12 @@ struct DraftStepOutputs {
   Tensor next_hidden;  // f32 [B, Hb]
 };
 
+// The checkpoint names of the matrices an assistant checkpoint at `path` may
+// store quantized (WeightTable::add_matrix: projections, MLP, embedding / tied
+// head, centroids), for `specula quantize`. Reads its config.json and the
+// checkpoint's tensor names (the head is chosen by which tensors exist).
+std::vector<std::string> assistant_matrix_names(const std::string& path);
+
 class AssistantModel {
  public:
   // Loads a gemma4_assistant checkpoint for `target`: rejects a drafter whose
@@ -75,10 +81,12 @@ class AssistantModel {
   // for benchmarks of released shapes without a checkpoint. A centroid head gets a
   // seeded permutation of the vocabulary as its token ordering. Geometry is
   // checked as load() checks it.
+  // `weight_dtype` kI8 | kF8E4M3 quantizes the bf16 values' matrices
+  // (gemma4::quantize_weights), for benchmarks of quantized drafters.
   static std::unique_ptr<AssistantModel> random(const AssistantConfig& config,
                                                 const gemma4::Gemma4Config& target,
-                                                Backend& backend, uint64_t seed,
-                                                bool centroid_head);
+                                                Backend& backend, uint64_t seed, bool centroid_head,
+                                                DType weight_dtype = DType::kBF16);
   ~AssistantModel();
 
   const AssistantConfig& config() const { return config_; }

@@ -7,7 +7,10 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/io/json_util.h"
+#include "engine/io/quantize.h"
 #include "engine/model/gemma4/weights.h"
 
 namespace specula::dspark {
@@ -78,6 +81,8 @@ int64_t bytes_of(const io::WeightTable& table) {
   int64_t n = 0;
   for (const io::WeightTable::Entry& e : table.entries()) {
     if (e.field != nullptr && !e.field->empty()) n += static_cast<int64_t>(e.field->nbytes());
+    if (e.field != nullptr && e.field->scale_data() != nullptr)
+      n += static_cast<int64_t>(e.field->scales().nbytes());
   }
   return n;
 }
@@ -130,7 +135,13 @@ std::unique_ptr<DSparkModel> DSparkModel::random(const DSparkConfig& config,
   io::WeightTable table;
   declare_dspark_weights(m->config_, target.config().hidden_size, target.config().vocab_size,
                          &m->weights_, &table);
-  m->weight_buffer_ = gemma4::random_weights(table, backend, seed, dtype);
+  if (is_quantized(dtype)) {
+    // bf16 values first (the same as a bf16 drafter's), then their quantization.
+    const DeviceBuffer values = gemma4::random_weights(table, backend, seed, DType::kBF16);
+    m->weight_buffer_ = gemma4::quantize_weights(table, backend, dtype);
+  } else {
+    m->weight_buffer_ = gemma4::random_weights(table, backend, seed, dtype);
+  }
   m->weight_bytes_ = bytes_of(table);
   m->init_after_weights(origin);
   return m;
@@ -677,17 +688,31 @@ void DSparkModel::save(const std::string& dir) const {
                          &live_weights, &table);
   std::vector<HostTensor> host;
   std::vector<io::NamedTensor> out;
-  host.reserve(table.entries().size());
+  host.reserve(2 * table.entries().size());
+  DType quantized = DType::kF32;
   for (const io::WeightTable::Entry& e : table.entries()) {
     const Tensor* live = e.field;
     SPECULA_CHECK(!live->empty(), "save: no weight for {}", e.name);
     host.emplace_back(live->dtype(), live->shape());
     backend_->download(*live, host.back().view().data());
     out.push_back({e.name, host.back().view()});
+    if (live->scale_data() != nullptr) {
+      // A quantized matrix keeps its layout: codes and "<name>.scale".
+      quantized = live->dtype();
+      host.emplace_back(DType::kF32, live->scales().shape());
+      backend_->download(live->scales(), host.back().view().data());
+      out.push_back({e.name + io::kScaleSuffix, host.back().view()});
+    }
   }
+  // Widest elements first, so every tensor of the file stays aligned (quantize.h).
+  std::stable_sort(out.begin(), out.end(), [](const io::NamedTensor& a, const io::NamedTensor& b) {
+    return dtype_size(a.tensor.dtype()) > dtype_size(b.tensor.dtype());
+  });
   io::write_safetensors(dir + "/model.safetensors", out);
+  nlohmann::json j = specula_dspark_json(config_);
+  if (is_quantized(quantized)) j["weight_dtype"] = io::quantized_dtype_label(quantized);
   std::ofstream f(dir + "/" + kSpeculaConfigFile);
-  f << specula_dspark_json(config_).dump(2) << "\n";
+  f << j.dump(2) << "\n";
   if (!f) fail("{}: cannot write {}", dir, kSpeculaConfigFile);
 }
 

@@ -55,8 +55,9 @@ class DSparkModel {
   static std::unique_ptr<DSparkModel> load(const std::string& dir, gemma4::Gemma4Model& target,
                                            Backend& backend, bool scan_weights = true);
   // A drafter of `config` with seeded uniform weights of `dtype` (see
-  // gemma4::random_weights); a DeepSpec-layout one gets its own embed_tokens and
-  // lm_head. Checked against the target as load() checks.
+  // gemma4::random_weights; a quantized dtype quantizes the bf16 values'
+  // matrices, see gemma4::quantize_weights); a DeepSpec-layout one gets its
+  // own embed_tokens and lm_head. Checked against the target as load() checks.
   static std::unique_ptr<DSparkModel> random(const DSparkConfig& config,
                                              gemma4::Gemma4Model& target, Backend& backend,
                                              uint64_t seed, DType dtype = DType::kBF16);

@@ -5,6 +5,7 @@
 // checkpoint (or a device copy), which must outlive them.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "engine/core/tensor.h"
@@ -50,7 +51,15 @@ struct DSparkWeights {
 
 // Declares every weight of `c` (its layout's names) for a target of `target_hidden`
 // H and vocabulary V into `table`, bound to `w`.
+// Matrices (projections, MLP, context/token/out projections, DeepSpec's own
+// embedding and head, the Markov tables W1/W2) are declared with add_matrix:
+// they may be stored quantized. Norms, block_pos / mask_embed (γ rows, read
+// once into the block's base rows), layer scalars and the confidence head stay float.
 void declare_dspark_weights(const DSparkConfig& c, int64_t target_hidden, int64_t vocab,
                             DSparkWeights* w, io::WeightTable* table);
+
+// The checkpoint names of the matrices of the drafter in `dir` (either
+// layout) that may be stored quantized, for `specula quantize`.
+std::vector<std::string> dspark_matrix_names(const std::string& dir);
 
 }  // namespace specula::dspark

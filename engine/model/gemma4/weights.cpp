@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "engine/io/quantize.h"
+
 namespace specula::gemma4 {
 
 void declare_gemma4_weights(const Gemma4Config& c, Gemma4Weights* w, io::WeightTable* t) {
@@ -94,9 +96,14 @@ bool is_float(DType d) {
 
 DeviceBuffer place_weights(const io::WeightTable& table, Backend& backend,
                            const io::Checkpoint* scan) {
+  // Quantized weights: the codes (fp8 has NaN codes) and their f32 scales.
   auto check = [&](const io::WeightTable::Entry& e) {
-    if (scan != nullptr && !e.field->empty())
-      io::check_finite(*e.field, e.name, scan->file_of(e.name));
+    if (scan == nullptr || e.field->empty()) return;
+    if (e.field->scale_data() != nullptr) {
+      const std::string name = e.name + io::kScaleSuffix;
+      io::check_finite(e.field->scales(), name, scan->file_of(name));
+    }
+    io::check_finite(*e.field, e.name, scan->file_of(e.name));
   };
   if (backend.device().is_cpu()) {
     for (const io::WeightTable::Entry& e : table.entries()) check(e);
@@ -105,6 +112,7 @@ DeviceBuffer place_weights(const io::WeightTable& table, Backend& backend,
   size_t total = 0;
   for (const io::WeightTable::Entry& e : table.entries()) {
     if (!e.field->empty()) total += aligned_bytes(e.field->nbytes());
+    if (e.field->scale_data() != nullptr) total += aligned_bytes(e.field->scales().nbytes());
   }
   DeviceBuffer buffer(backend, std::max<size_t>(total, 1));
   size_t offset = 0;
@@ -115,8 +123,16 @@ DeviceBuffer place_weights(const io::WeightTable& table, Backend& backend,
     Tensor dst(static_cast<char*>(buffer.data()) + offset, field.dtype(), field.shape(),
                backend.device());
     backend.upload(field.data(), dst);
-    field = dst;
     offset += aligned_bytes(dst.nbytes());
+    if (field.scale_data() != nullptr) {
+      const Tensor scales = field.scales();
+      Tensor dst_scales(static_cast<char*>(buffer.data()) + offset, DType::kF32, scales.shape(),
+                        backend.device());
+      backend.upload(scales.data(), dst_scales);
+      offset += aligned_bytes(dst_scales.nbytes());
+      dst = dst.with_scales(dst_scales.data_as<const float>());
+    }
+    field = dst;
   }
   return buffer;
 }
@@ -151,6 +167,55 @@ DeviceBuffer random_weights(const io::WeightTable& table, Backend& backend, uint
       backend.fill_uniform(t, seed + index, -bound, bound);
     }
     *e.field = t;
+  }
+  backend.synchronize();
+  return buffer;
+}
+
+DeviceBuffer quantize_weights(const io::WeightTable& table, Backend& backend, DType dtype) {
+  auto quantize = [&](const io::WeightTable::Entry& e) {
+    return e.quantizable && !e.field->empty() && is_float(e.field->dtype()) && e.field->rank() == 2;
+  };
+  size_t total = 0;
+  for (const io::WeightTable::Entry& e : table.entries()) {
+    if (e.field->empty()) continue;
+    if (quantize(e)) {
+      total += aligned_bytes(static_cast<size_t>(e.field->numel())) +
+               aligned_bytes(static_cast<size_t>(e.field->dim(0)) * sizeof(float));
+    } else {
+      total += aligned_bytes(e.field->nbytes());
+      if (e.field->scale_data() != nullptr) total += aligned_bytes(e.field->scales().nbytes());
+    }
+  }
+  DeviceBuffer buffer(backend, std::max<size_t>(total, 1));
+  size_t offset = 0;
+  auto carve = [&](DType d, const Shape& shape) {
+    Tensor t(static_cast<char*>(buffer.data()) + offset, d, shape, backend.device());
+    offset += aligned_bytes(t.nbytes());
+    return t;
+  };
+  for (const io::WeightTable::Entry& e : table.entries()) {
+    Tensor& field = *e.field;
+    if (field.empty()) continue;
+    if (!quantize(e)) {
+      Tensor dst = carve(field.dtype(), field.shape());
+      backend.copy(field, dst);
+      if (field.scale_data() != nullptr) {
+        const Tensor scales = carve(DType::kF32, field.scales().shape());
+        backend.copy(field.scales(), scales);
+        dst = dst.with_scales(scales.data_as<const float>());
+      }
+      field = dst;
+      continue;
+    }
+    HostTensor host(field.dtype(), field.shape());
+    backend.download(field, host.view().data());
+    const io::QuantizedMatrix q = io::quantize_rows(host, dtype, e.name);
+    const Tensor codes = carve(dtype, field.shape());
+    const Tensor scales = carve(DType::kF32, q.scales.shape());
+    backend.upload(q.q.view().data(), codes);
+    backend.upload(q.scales.view().data(), scales);
+    field = codes.with_scales(scales.data_as<const float>());
   }
   backend.synchronize();
   return buffer;

@@ -80,6 +80,14 @@ DeviceBuffer place_weights(const io::WeightTable& table, Backend& backend,
 DeviceBuffer random_weights(const io::WeightTable& table, Backend& backend, uint64_t seed,
                             DType dtype);
 
+// Quantizes, in place on `backend`, every bound float entry of `table`
+// declared with add_matrix to `dtype` (kI8 | kF8E4M3; io::quantize_rows on a
+// host copy): returns one new buffer holding every bound entry (codes and
+// scales of the matrices, copies of the rest) with the fields repointed, so
+// the caller may release the old one. For random drafters of released shapes
+// (benchmarks of quantized drafters without a checkpoint).
+DeviceBuffer quantize_weights(const io::WeightTable& table, Backend& backend, DType dtype);
+
 // The value of a one-element float tensor on any device, as f32.
 float read_scalar(Backend& backend, const Tensor& t, const std::string& what);
 
