@@ -10,7 +10,7 @@
 # -DSPECULA_CUDA=ON for sm_90a (here or elsewhere: binaries built in another
 # checkout find models and fixtures through their compiled-in source path,
 # which is linked to this checkout when missing).
-# Environment: STAGES="tests cost sanitizer" (any subset), TEST_FILTER (gtest
+# Environment: STAGES="tests cost smoke sanitizer" (any subset), TEST_FILTER (gtest
 # filter), DRAFTS (the --draft values of the cost stage), SANITIZER_TOOLS.
 set -uo pipefail
 
@@ -65,12 +65,21 @@ fi
 if has_stage cost; then
   # A DSpark round (backbone + γ head steps, batch 1, device chain) against a
   # 31B decode step at context 512, random bf16 weights.
+  # DRAFT@DTYPE (e.g. random-dspark:8@int8): the drafter quantized to DTYPE (--draft-dtype).
   for d in $DRAFTS; do
-    name=${d//:/_}
+    name=${d//[:@]/_}
+    draft=${d%%@*}
+    dtype_arg=""
+    [[ $d == *@* ]] && dtype_arg="--draft-dtype ${d##*@}"
     step "cost $d" 240 "cost_$name.log" bash -c "'$SPECULA' bench --device cuda \
       --random-weights 31b --micro --batch 1 --prefill-tokens 256 --reps 20 --gen-tokens 32 \
-      --draft $d --json >'$OUT/cost_$name.json'"
+      --draft $draft $dtype_arg --json >'$OUT/cost_$name.json'"
   done
+fi
+
+if has_stage smoke; then
+  # The PyTorch DSpark trainer end to end on tiny shards (tests/cli/train_smoke.sh).
+  step "train smoke" 240 train_smoke.log bash tests/cli/train_smoke.sh "$SPECULA" "$PWD"
 fi
 
 if has_stage sanitizer; then
@@ -102,7 +111,7 @@ import json, os, sys
 out = sys.argv[1]
 print(f"{'drafter':<28} {'GB':>6} {'round ms':>9} {'step0 ms':>9} {'head ms':>8} {'decode ms':>10} {'ratio':>7}  e2e tau / speedup")
 for d in sys.argv[2:]:
-    p = os.path.join(out, "cost_" + d.replace(":", "_") + ".json")
+    p = os.path.join(out, "cost_" + d.replace(":", "_").replace("@", "_") + ".json")
     try:
         j = json.load(open(p))
     except Exception as e:  # noqa: BLE001
