@@ -182,9 +182,13 @@ void RegenOutput::clean_up(bool quiet) {
     ShardRecord r{.file = name};
     r.tokens = file.info("ids").shape.dim(0);
     r.sequences = file.info("resp_starts").shape.dim(0);
-    const auto* seq = file.get("seq_starts").data_as<const int64_t>();
-    const auto* resp = file.get("resp_starts").data_as<const int64_t>();
-    for (int64_t s = 0; s < r.sequences; ++s) r.response_tokens += seq[s + 1] - resp[s];
+    // Copied out: a safetensors tensor's data need not be 8-byte aligned.
+    const auto n = static_cast<size_t>(r.sequences);
+    std::vector<int64_t> seq(n + 1), resp(n);
+    std::memcpy(seq.data(), file.get("seq_starts").data_as<const int64_t>(),
+                (n + 1) * sizeof(int64_t));
+    std::memcpy(resp.data(), file.get("resp_starts").data_as<const int64_t>(), n * sizeof(int64_t));
+    for (size_t s = 0; s < n; ++s) r.response_tokens += seq[s + 1] - resp[s];
     shards_.push_back(r);
     next_index_ = std::max<int64_t>(next_index_, std::stoll(name.substr(6, 5)) + 1);
   }
