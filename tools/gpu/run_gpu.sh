@@ -36,7 +36,8 @@
 #   SANITIZER_FILTER_<TOOL>="..."  a gtest filter replacing the tool's default
 #                               (e.g. SANITIZER_FILTER_MEMCHECK='*' for the whole suite)
 #   SANITIZER_ARGS="..."        extra compute-sanitizer arguments for every tool
-#   SANITIZER_TIMEOUT=540       seconds per tool
+#   SANITIZER_TIMEOUT=540       seconds per tool (per shard)
+#   SANITIZER_SHARDS=1          gtest shards run in parallel, one sanitizer process each
 #   COMPUTE_SANITIZER=...       the binary (default: on PATH, else /usr/local/cuda/bin)
 # e.g. SKIP_BUILD=1 STAGES=sanitizer SANITIZER_TOOLS=memcheck OUT=/tmp/out bash tools/gpu/run_gpu.sh
 set -uo pipefail
@@ -133,29 +134,45 @@ if has_stage sanitizer; then
     fi
     override=SANITIZER_FILTER_${tool^^}
     tool_filter=${!override:-${filter[$tool]}}
-    rm -f "$OUT/sanitizer_$tool.json"
+    shards=${SANITIZER_SHARDS:-1}
     t0=$SECONDS
-    # shellcheck disable=SC2086  # tool_args and SANITIZER_ARGS are lists of arguments
-    step "sanitizer $tool" "${SANITIZER_TIMEOUT:-540}" "sanitizer_$tool.log" \
-      "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 50 ${tool_args[$tool]} \
-      ${SANITIZER_ARGS:-} "$BUILD/tests/specula_cuda_tests" --gtest_filter="$tool_filter" \
-      --gtest_output="json:$OUT/sanitizer_$tool.json"
-    rc=$?
-    # memcheck, synccheck, initcheck end with "ERROR SUMMARY: N errors"; racecheck with
-    # "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)".
-    found=$(grep -hoE '(ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: .*)' \
-      "$OUT/sanitizer_$tool.log" | tail -1)
-    tests=$(python3 - "$OUT/sanitizer_$tool.json" <<'PY'
+    # SANITIZER_SHARDS > 1: gtest's own sharding, one sanitizer process per shard, all at
+    # once (the tools are slow mostly on the host side, which has cores to spare).
+    for ((i = 0; i < shards; ++i)); do
+      sfx=$tool
+      ((shards > 1)) && sfx=${tool}_$i
+      rm -f "$OUT/sanitizer_$sfx.json"
+      # shellcheck disable=SC2086  # tool_args and SANITIZER_ARGS are lists of arguments
+      GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i \
+        step "sanitizer $sfx" "${SANITIZER_TIMEOUT:-540}" "sanitizer_$sfx.log" \
+        "$sanitizer" --tool "$tool" --error-exitcode 99 --print-limit 50 ${tool_args[$tool]} \
+        ${SANITIZER_ARGS:-} "$BUILD/tests/specula_cuda_tests" --gtest_filter="$tool_filter" \
+        --gtest_output="json:$OUT/sanitizer_$sfx.json" &
+    done
+    wait
+    for ((i = 0; i < shards; ++i)); do
+      sfx=$tool
+      ((shards > 1)) && sfx=${tool}_$i
+      log=$OUT/sanitizer_$sfx.log
+      # memcheck, synccheck, initcheck end with "ERROR SUMMARY: N errors"; racecheck with
+      # "RACECHECK SUMMARY: N hazards displayed (E errors, W warnings)".
+      found=$(grep -hoE '(ERROR SUMMARY: [0-9]+ errors?|RACECHECK SUMMARY: .*)' "$log" | tail -1)
+      # The gtest report is written at the end only; a shard stopped at its limit still
+      # counts the tests it finished from the log.
+      tests=$(python3 - "$OUT/sanitizer_$sfx.json" "$log" <<'PY'
 import json, sys
 try:
     t = json.load(open(sys.argv[1]))
     print(f"{t['tests']} tests, {t.get('failures', 0)} failed")
 except (OSError, ValueError, KeyError):
-    print("no gtest report")
+    text = open(sys.argv[2], errors="replace").read() if sys.argv[2] else ""
+    ok, bad = text.count("[       OK ]"), text.count("[  FAILED  ]")
+    print(f"no gtest report (unfinished): {ok} tests passed, {bad} failed lines in the log")
 PY
-    )
-    echo "sanitizer $tool: ${found:-no sanitizer summary (see the log)}; $tests; exit $rc;" \
-      "$((SECONDS - t0)) s; filter '$tool_filter'" >>"$summary"
+      )
+      echo "sanitizer $sfx: ${found:-no sanitizer summary (see the log)}; $tests;" \
+        "$((SECONDS - t0)) s; filter '$tool_filter'" >>"$summary"
+    done
   done
 fi
 
