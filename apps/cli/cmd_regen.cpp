@@ -96,13 +96,10 @@ void tap_sequences(gemma4::Gemma4Model& target, std::span<const int> taps,
   options.compute_logits = false;
   options.tap_layers = taps;
   options.tap_out = buf.view(DType::kF32, {m, M, H});
-  // Never recorded as a step graph: every call has fresh caches and buffers,
-  // so a recording keyed on their addresses could be replayed after they are
-  // gone. The engine records its own again on the next batch.
-  const bool graphs = target.graphs_enabled();
-  target.set_graphs_enabled(false);
+  // Fresh caches and buffers every call: a step graph recorded over them is
+  // never replayed after they are freed (the backend marks graphs recorded
+  // before any device release as stale).
   target.forward(rows, options);
-  target.set_graphs_enabled(graphs);
   std::vector<float> host(static_cast<size_t>(m * M * H));
   be.download(options.tap_out, host.data());
   const lab::TapRowsView view{.data = host.data(), .taps = m, .rows = M, .hidden = H};
