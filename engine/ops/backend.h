@@ -267,6 +267,16 @@ class Backend : public MemoryResource {
   // y[M, N] = x[M, K] · w[N, K]ᵀ. x, y f32; w f32|bf16|f16|i8|f8e4m3 (quantized:
   // with scales). y must not alias x.
   virtual void linear(const Tensor& x, const Tensor& w, const Tensor& y) = 0;
+  // y[m, :] = residual[rows[m], :] + x[m, :] · wᵀ, or residual[m, :] + … when rows is
+  // empty: a product added to rows picked from a table (DSpark's head steps: base
+  // logits plus the Markov term). x f32 [M, K]; w [N, K] as linear() takes it;
+  // residual f32 [R, N]; rows i32 [M] on this device, every value in [0, R) (the CPU
+  // checks; device backends trust the caller), or empty (then R == M); y f32 [M, N],
+  // aliasing none of x, w, residual. Batch invariant: y[m, :] does not depend on M or
+  // on the other rows. A backend may fuse the sum into the product (CUDA, bf16 w), so
+  // the bits may differ from linear() then add().
+  virtual void linear_residual(const Tensor& x, const Tensor& w, const Tensor& residual,
+                               const Tensor& rows, const Tensor& y) = 0;
   // Several products of one x (q/k/v, gate/up): each y = x · wᵀ exactly as
   // linear() computes it; a backend may run them as one launch. No y may alias x.
   virtual void linear_multi(const Tensor& x, std::span<const LinearOut> outs) {

@@ -74,6 +74,15 @@ struct GatherRowsDims {
 GatherRowsDims check_gather_rows(const char* op, const Tensor& src, const Tensor& idx,
                                  const Tensor& out);
 
+// Checks linear_residual's arguments other than w's dtype (each backend checks the
+// weights it takes); returns {M, N, K, R}.
+struct LinearResidualDims {
+  int64_t rows = 0, n = 0, k = 0, residual_rows = 0;
+};
+LinearResidualDims check_linear_residual(const char* op, const Tensor& x, const Tensor& w,
+                                         const Tensor& residual, const Tensor& rows,
+                                         const Tensor& y);
+
 // Checks top_k_rows' arguments; returns {M, N, k}.
 struct TopKDims {
   int64_t rows = 0, n = 0, k = 0;

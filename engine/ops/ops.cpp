@@ -86,6 +86,47 @@ GatherRowsDims check_gather_rows(const char* op, const Tensor& src, const Tensor
   return d;
 }
 
+LinearResidualDims check_linear_residual(const char* op, const Tensor& x, const Tensor& w,
+                                         const Tensor& residual, const Tensor& rows,
+                                         const Tensor& y) {
+  check_dtype(op, "x", x, DType::kF32);
+  check_dtype(op, "residual", residual, DType::kF32);
+  check_dtype(op, "y", y, DType::kF32);
+  check_rank(op, "x", x, 2);
+  check_rank(op, "w", w, 2);
+  check_rank(op, "residual", residual, 2);
+  check_rank(op, "y", y, 2);
+  const LinearResidualDims d{
+      .rows = x.dim(0), .n = w.dim(0), .k = x.dim(1), .residual_rows = residual.dim(0)};
+  if (w.dim(1) != d.k) {
+    fail("{}: x {} and w {} disagree on K ({} vs {})", op, x.describe(), w.describe(), d.k,
+         w.dim(1));
+  }
+  if (y.dim(0) != d.rows || y.dim(1) != d.n) {
+    fail("{}: y {} must be f32[{}, {}] for x {} and w {}", op, y.describe(), d.rows, d.n,
+         x.describe(), w.describe());
+  }
+  if (residual.dim(1) != d.n) {
+    fail("{}: residual {} must have w {}'s {} columns", op, residual.describe(), w.describe(), d.n);
+  }
+  if (rows.empty()) {
+    if (d.residual_rows != d.rows) {
+      fail("{}: without rows, residual {} must have x {}'s {} rows", op, residual.describe(),
+           x.describe(), d.rows);
+    }
+  } else {
+    check_dtype(op, "rows", rows, DType::kI32);
+    check_rank(op, "rows", rows, 1);
+    if (rows.dim(0) != d.rows) {
+      fail("{}: rows {} must have x {}'s {} rows", op, rows.describe(), x.describe(), d.rows);
+    }
+  }
+  check_no_alias(op, "y", y, "x", x);
+  check_no_alias(op, "y", y, "w", w);
+  check_no_alias(op, "y", y, "residual", residual);
+  return d;
+}
+
 TopKDims check_top_k_rows(const char* op, const Tensor& x, const Tensor& out) {
   check_dtype(op, "x", x, DType::kF32);
   check_rank(op, "x", x, 2);

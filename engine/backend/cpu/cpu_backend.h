@@ -44,6 +44,8 @@ class CpuBackend final : public Backend {
 
   void reserve_scratch(int64_t max_keys, int64_t max_width) override;
   void linear(const Tensor& x, const Tensor& w, const Tensor& y) override;
+  void linear_residual(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& rows,
+                       const Tensor& y) override;
   // The scale is applied in f32 after converting the table row; a caller that
   // wants HF's bf16 rounding of the scale (§2.3) passes the rounded value.
   void embedding(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override;

@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "engine/backend/cpu/cpu_backend.h"
+#include "engine/ops/op_checks.h"
 
 namespace specula {
 namespace cpu {
@@ -123,6 +125,32 @@ void CpuBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   cpu::check_no_alias(kOp, "y", y, "x", x);
   cpu::check_no_alias(kOp, "y", y, "w", w);
   cpu::linear_rows(x.data_as<const float>(), x.dim(0), w, y.data_as<float>(), scratch_);
+}
+
+void CpuBackend::linear_residual(const Tensor& x, const Tensor& w, const Tensor& residual,
+                                 const Tensor& rows, const Tensor& y) {
+  constexpr const char* kOp = "linear_residual";
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"x", &x},
+                                {"w", &w},
+                                {"residual", &residual},
+                                {"y", &y}}) {
+    cpu::check_host(kOp, name, *t);
+  }
+  if (!rows.empty()) cpu::check_host(kOp, "rows", rows);
+  cpu::check_weight(kOp, "w", w);
+  const ops::LinearResidualDims d = ops::check_linear_residual(kOp, x, w, residual, rows, y);
+  if (!rows.empty()) cpu::check_ids_below(kOp, "rows", rows, d.residual_rows);
+  // The product first, then residual + product per element: the bits of linear()
+  // followed by add(residual rows, product).
+  cpu::linear_rows(x.data_as<const float>(), d.rows, w, y.data_as<float>(), scratch_);
+  const int32_t* ids = rows.empty() ? nullptr : rows.data_as<const int32_t>();
+  const float* res = residual.data_as<const float>();
+  float* out = y.data_as<float>();
+  for (int64_t m = 0; m < d.rows; ++m) {
+    const float* r = res + (ids != nullptr ? ids[m] : m) * d.n;
+    float* o = out + m * d.n;
+    for (int64_t n = 0; n < d.n; ++n) o[n] = r[n] + o[n];
+  }
 }
 
 }  // namespace specula

@@ -71,6 +71,9 @@ class CudaBackend final : public Backend {
 
   // ---- products (cuda_linear.cu) ----
   void linear(const Tensor& x, const Tensor& w, const Tensor& y) override;
+  // cuda_linear_residual.cu: one fused pass for bf16 w with K in {64, 128, 256, 512}.
+  void linear_residual(const Tensor& x, const Tensor& w, const Tensor& residual, const Tensor& rows,
+                       const Tensor& y) override;
   void linear_prefill(const Tensor& x, const Tensor& w, const Tensor& y) override;
   // One launch for all outputs (same per-column arithmetic as linear()).
   void linear_multi(const Tensor& x, std::span<const LinearOut> outs) override;
