@@ -61,6 +61,7 @@ struct DSparkModel::BlockScratch {
   // the block's keys and values go at positions t_b .. t_b + γ − 1.
   std::vector<SequenceKv::Storage> store;
   std::vector<int64_t> bound;  // per row: positions_bound_for(t_b + γ)
+  std::vector<int64_t> ends;   // per row: t_b + γ (the keys it attends to)
 };
 
 // Views of the context-commit scratch (N committed rows of a forward of M tokens).
@@ -331,7 +332,7 @@ void DSparkModel::attend_row(int64_t row, int layer, const Tensor& q, const Tens
   const BlockScratch& s = *block_;
   const SequenceKv::Storage& st = s.store[static_cast<size_t>(row * config_.num_layers + layer)];
   backend_->store_kv(k, v, positions, st.k, st.v);
-  const int64_t end = block_ends_[static_cast<size_t>(row)];
+  const int64_t end = s.ends[static_cast<size_t>(row)];
   AttentionParams ap;
   ap.q = q;
   ap.k = st.k.slice_rows(0, end);
@@ -361,6 +362,7 @@ void DSparkModel::run_block(std::span<SequenceKv* const> ctx, const Tensor& anch
   block_key_.push_back(block_rows_);
   block_key_.push_back(reinterpret_cast<intptr_t>(anchors.data()));
   block_key_.push_back(reinterpret_cast<intptr_t>(block_arena_.base()));
+  block_key_.push_back(reinterpret_cast<intptr_t>(bias_rows_.data()));
   for (const int64_t b : s.bound) block_key_.push_back(b);
   for (const SequenceKv::Storage& st : s.store) {
     block_key_.push_back(reinterpret_cast<intptr_t>(st.k.data()));
@@ -417,7 +419,7 @@ void DSparkModel::prepare_block(std::span<SequenceKv* const> ctx, const Tensor& 
   host_idx_.resize(static_cast<size_t>(3 * T + 1));
   s.store.clear();
   s.bound.clear();
-  block_ends_.clear();
+  s.ends.clear();
   for (int64_t b = 0; b < B; ++b) {
     const int64_t t = ctx[b]->length();
     for (int64_t j = 0; j < G; ++j) {
@@ -429,9 +431,16 @@ void DSparkModel::prepare_block(std::span<SequenceKv* const> ctx, const Tensor& 
     // Host bookkeeping of the block's rows (the device stores them in the step).
     for (int l = 0; l < c.num_layers; ++l) s.store.push_back(ctx[b]->store_target(l, t, G));
     s.bound.push_back(positions_bound_for(t + G));
-    block_ends_.push_back(t + G);
+    s.ends.push_back(t + G);
   }
   host_idx_[static_cast<size_t>(3 * T)] = c.mask_token_id;
+  if (has_confidence_head() && T > bias_rows_n_) {
+    // Grown only for a block of more rows than any before (never in steady state).
+    bias_rows_n_ = T;
+    bias_rows_ = DeviceBuffer(be, static_cast<size_t>(T) * sizeof(float));
+    const std::vector<float> host(static_cast<size_t>(T), confidence_bias_);
+    be.upload(host.data(), bias_rows_.view(DType::kF32, {T, 1}));
+  }
   be.upload_async(host_idx_.data(), s.inputs);
   if (deepspec) be.upload_async(host_idx_.data() + 3 * T, s.ids_src.slice_rows(B, B + 1));
   U_ = s.U;
@@ -444,7 +453,7 @@ void DSparkModel::run_block_device(std::span<SequenceKv* const> ctx, const Tenso
   Backend& be = *backend_;
   const DSparkConfig& c = config_;
   const gemma4::Gemma4Config& tc = target_->config();
-  const int64_t B = static_cast<int64_t>(ctx.size()), G = c.block_size;
+  const int64_t B = static_cast<int64_t>(ctx.size()), G = c.block_size, T = B * G;
   const int64_t d = c.hidden_size;
   const bool deepspec = c.layout == DSparkLayout::kDeepSpec;
   BlockScratch& s = *block_;
@@ -489,7 +498,9 @@ void DSparkModel::run_block_device(std::span<SequenceKv* const> ctx, const Tenso
   if (has_confidence_head()) {
     const Tensor w_h(weights_.confidence_weight.data(), weights_.confidence_weight.dtype(), {1, d},
                      be.device());
-    be.linear(s.h, w_h, s.hconf);
+    // hconf = h·w_h + b: the bias is added here, once per block position, so
+    // that each head step adds only its Markov term.
+    be.linear_residual(s.h, w_h, bias_rows_.view(DType::kF32, {T, 1}), Tensor(), s.hconf);
   }
 }
 
@@ -583,7 +594,7 @@ Tensor DSparkModel::head_step(int slot, std::span<const int32_t> u_rows, const T
     head_key_.push_back(v);
   }
   for (const void* p : {h.prev.data(), h.confidence.data(), h.idx.data(), h.logits.data(),
-                        U_.data(), hconf_.data(), bias_rows_.data()}) {
+                        U_.data(), hconf_.data()}) {
     head_key_.push_back(reinterpret_cast<intptr_t>(p));
   }
   return head_graphs_.run(be, head_key_, [&] { return run_head_step(); });
@@ -627,19 +638,9 @@ void DSparkModel::prepare_head_step(int slot, std::span<const int32_t> u_rows, c
                  be.device());
   // One row (batch 1) reads its base row in place: no index upload, no gather.
   if (!h.one) be.upload_async(u_rows.data(), h.idx);
-  if (h.conf && Bk > bias_rows_n_) {
-    bias_rows_n_ = std::max<int64_t>(Bk, block_rows_);
-    bias_rows_ = DeviceBuffer(be, static_cast<size_t>(bias_rows_n_) * sizeof(float));
-    const std::vector<float> host(static_cast<size_t>(bias_rows_n_), confidence_bias_);
-    be.upload(host.data(), bias_rows_.view(DType::kF32, {bias_rows_n_}));
-  }
   carve_into(step_arena_, be, [&](Arena& a) {
     h.logits = a.alloc(DType::kF32, {Bk, V});
-    if (r > 0) {
-      h.bias = a.alloc(DType::kF32, {Bk, V});
-      h.e = a.alloc(DType::kF32, {Bk, r});
-    }
-    h.ec = a.alloc(DType::kF32, {Bk, 1});
+    if (r > 0) h.e = a.alloc(DType::kF32, {Bk, r});
   });
 }
 
@@ -647,32 +648,32 @@ Tensor DSparkModel::run_head_step() {
   Backend& be = *backend_;
   const DSparkConfig& c = config_;
   const HeadPlan& h = head_;
-  const int64_t Bk = h.rows, r = c.markov_rank, d = c.hidden_size;
-  const Tensor u_one = h.one ? U_.slice_rows(h.u0, h.u0 + 1) : Tensor();
-  if (!h.one) be.gather_rows(U_, h.idx, h.logits);
+  const int64_t r = c.markov_rank, d = c.hidden_size;
+  // Batch 1 reads its base row in place (a one-row table); more rows pick theirs by index.
+  const Tensor rows = h.one ? Tensor() : h.idx;
+  const Tensor base = h.one ? U_.slice_rows(h.u0, h.u0 + 1) : U_;
   if (r > 0) {
-    // logits = U_k + W1[prev]·W2ᵀ
+    // logits = U_k + W1[prev]·W2ᵀ, one pass over W2 (linear_residual).
     be.embedding(weights_.markov_w1, h.prev, 1.0f, h.e);
-    be.linear(h.e, weights_.markov_w2, h.bias);
-    be.add(h.one ? u_one : h.logits, h.bias, h.logits);
+    be.linear_residual(h.e, weights_.markov_w2, base, rows, h.logits);
   } else if (h.one) {
-    be.copy(u_one, h.logits);
+    be.copy(base, h.logits);
+  } else {
+    be.gather_rows(U_, h.idx, h.logits);
   }
   if (h.conf) {
-    const Tensor& out = h.confidence;
-    if (h.one) {
-      be.copy(hconf_.slice_rows(h.u0, h.u0 + 1), out);
-    } else {
-      be.gather_rows(hconf_, h.idx, out);
-    }
+    // confidence = (h·w_h + b) + W1[prev]·w_e; the first term is hconf_ (the block's).
+    const Tensor conf_base = h.one ? hconf_.slice_rows(h.u0, h.u0 + 1) : hconf_;
     if (c.confidence_with_markov && r > 0) {
       const Tensor w_e(static_cast<char*>(weights_.confidence_weight.data()) +
                            static_cast<size_t>(d) * dtype_size(weights_.confidence_weight.dtype()),
                        weights_.confidence_weight.dtype(), {1, r}, be.device());
-      be.linear(h.e, w_e, h.ec);
-      be.add(out, h.ec, out);
+      be.linear_residual(h.e, w_e, conf_base, rows, h.confidence);
+    } else if (h.one) {
+      be.copy(conf_base, h.confidence);
+    } else {
+      be.gather_rows(hconf_, h.idx, h.confidence);
     }
-    be.add(out, bias_rows_.view(DType::kF32, {Bk, 1}), out);
   }
   return h.logits;
 }

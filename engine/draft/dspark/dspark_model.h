@@ -148,7 +148,7 @@ class DSparkModel {
     bool one = false;  // batch 1: the base row is read in place
     int32_t u0 = 0;    // the first row's base row
     bool conf = false;
-    Tensor prev, confidence, idx, logits, bias, e, ec;
+    Tensor prev, confidence, idx, logits, e;
   };
 
   DSparkConfig config_;
@@ -179,11 +179,10 @@ class DSparkModel {
   std::vector<int32_t> host_idx_;
   DeviceBuffer step_idx_;  // i32 [γ, step_idx_rows_]: each slot's u_rows
   int64_t step_idx_rows_ = 0;
-  DeviceBuffer bias_rows_;  // f32 [bias_rows_n_]: the confidence bias, once per row
+  DeviceBuffer bias_rows_;  // f32 [bias_rows_n_]: the confidence bias, once per block position
   int64_t bias_rows_n_ = 0;
   HeadPlan head_;
-  std::vector<int64_t> block_ends_;  // per row of the block: t_b + γ (its keys)
-  StepGraphCache block_graphs_;      // recorded blocks (CUDA), keyed as run_block() says
+  StepGraphCache block_graphs_;  // recorded blocks (CUDA), keyed as run_block() says
   std::vector<int64_t> block_key_;
   StepGraphCache head_graphs_;  // recorded head steps (CUDA), keyed as head_step() says
   std::vector<int64_t> head_key_;
