@@ -62,7 +62,10 @@ __device__ __forceinline__ void load_weights(const uint8_t* wr, int k, int c, fl
 
 // acc[g] += wf[j] · x[m0 + g, k0 + j] for the chunk's elements, one fmaf at a
 // time in j order, for the block's `rows` rows: a row's arithmetic is the same
-// whatever `rows` is.
+// whatever `rows` is. kVec (x 16-byte aligned, K % kQuantChunk == 0): x is read
+// four floats a load, which changes only how x arrives, never the fmaf order
+// (scalar loads made the load units, not the weights, the limit at 8 rows).
+template <bool kVec>
 __device__ __forceinline__ void accumulate(const float* x, int k, int m0, int rows, int c,
                                            const float (&wf)[kQuantChunk],
                                            float (&acc)[kQuantRows]) {
@@ -72,9 +75,20 @@ __device__ __forceinline__ void accumulate(const float* x, int k, int m0, int ro
   for (int g = 0; g < kQuantRows; ++g) {
     if (g >= rows) break;
     const float* xr = x + static_cast<int64_t>(m0 + g) * k + k0;
+    if constexpr (kVec) {
 #pragma unroll
-    for (int j = 0; j < kQuantChunk; ++j) {
-      if (j < count) acc[g] = fmaf(wf[j], xr[j], acc[g]);
+      for (int q = 0; q < kQuantChunk / 4; ++q) {
+        const float4 v = *reinterpret_cast<const float4*>(xr + 4 * q);
+        acc[g] = fmaf(wf[4 * q], v.x, acc[g]);
+        acc[g] = fmaf(wf[4 * q + 1], v.y, acc[g]);
+        acc[g] = fmaf(wf[4 * q + 2], v.z, acc[g]);
+        acc[g] = fmaf(wf[4 * q + 3], v.w, acc[g]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kQuantChunk; ++j) {
+        if (j < count) acc[g] = fmaf(wf[j], xr[j], acc[g]);
+      }
     }
   }
 }
@@ -104,13 +118,13 @@ __global__ void __launch_bounds__(kQuantThreads)
     float wa[kQuantChunk], wb[kQuantChunk];
     load_weights<kDt, kVec>(wr, k, c, s, wa);
     load_weights<kDt, kVec>(wr, k, c + 32, s, wb);
-    accumulate(x, k, m0, rows, c, wa, acc);
-    accumulate(x, k, m0, rows, c + 32, wb, acc);
+    accumulate<kVec>(x, k, m0, rows, c, wa, acc);
+    accumulate<kVec>(x, k, m0, rows, c + 32, wb, acc);
   }
   for (; c < n_chunks; c += 32) {
     float wa[kQuantChunk];
     load_weights<kDt, kVec>(wr, k, c, s, wa);
-    accumulate(x, k, m0, rows, c, wa, acc);
+    accumulate<kVec>(x, k, m0, rows, c, wa, acc);
   }
 #pragma unroll
   for (int g = 0; g < kQuantRows; ++g) {
@@ -162,7 +176,9 @@ void quant_linear(const float* x, const void* w, DType dtype, const float* scale
     fail("linear: a quantized product of {} x {} x {} exceeds the kernel's grid", m, n, k);
   }
   const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(row_groups));
-  const bool vec = k % kQuantChunk == 0 && (reinterpret_cast<uintptr_t>(w) & 15u) == 0;
+  // Vector loads need K % 16 == 0 and 16-byte aligned w and x; the bits are the same either way.
+  const bool vec = k % kQuantChunk == 0 && (reinterpret_cast<uintptr_t>(w) & 15u) == 0 &&
+                   (reinterpret_cast<uintptr_t>(x) & 15u) == 0;
   const auto* codes = static_cast<const uint8_t*>(w);
   with_quant_dtype(dtype, [&](auto tag) {
     constexpr DType kDt = decltype(tag)::value;
