@@ -17,11 +17,29 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failed=0
 fail() { echo "FAIL: $*"; failed=1; }
+# check NAME COMMAND...: runs COMMAND with its output to $tmp/log/NAME.log and
+# prints one line, "NAME: ok" or "NAME: FAIL (exit N)" followed by the log's
+# last lines, so that a failure shows in a short captured output.
+mkdir -p "$tmp/log"
+check() {
+  local name=$1
+  shift
+  local log=$tmp/log/${name//[^A-Za-z0-9_.-]/_}.log
+  "$@" >"$log" 2>&1
+  local status=$?
+  if [[ $status -eq 0 ]]; then
+    echo "$name: ok"
+  else
+    fail "$name (exit $status); last lines of its output:"
+    tail -n 25 "$log" | sed 's/^/  | /'
+  fi
+  return $status
+}
 tools=$src/tools/train
 target=$src/tests/golden/dense_kev
 
 if python3 -c "import transformers, safetensors" 2>/dev/null; then
-  python3 "$tools/train_dspark.py" --check-reference || fail "--check-reference"
+  check check-reference python3 "$tools/train_dspark.py" --check-reference
 else
   echo "note: transformers/safetensors missing, --check-reference not run"
 fi
@@ -29,23 +47,26 @@ fi
 for i in $(seq 0 7); do
   ids=""
   for j in $(seq 0 $((4 + i % 5))); do ids+="${ids:+,}$(((i * 37 + j * 11 + 5) % 125 + 3))"; done
-  "$specula" dspark-record --model "$target" --draft "$src/tests/golden/dspark" --prompt-ids "$ids" -n 32 \
-    --out "$tmp/rec$i.safetensors" 2>/dev/null || fail "dspark-record $i"
-  seq=$(python3 "$tools/check_alignment.py" sequence "$tmp/rec$i.safetensors")
-  "$specula" score --model "$target" --prompt-ids "$seq" --layer-hidden --out "$tmp/score$i.safetensors" \
-    2>/dev/null || fail "score $i"
-  python3 "$tools/check_alignment.py" shard-from-score --score "$tmp/score$i.safetensors" \
-    --record "$tmp/rec$i.safetensors" --target "$target" --out "$tmp/shards" --index "$i" || fail "shard $i"
+  check "dspark-record $i" "$specula" dspark-record --model "$target" --draft "$src/tests/golden/dspark" \
+    --prompt-ids "$ids" -n 32 --out "$tmp/rec$i.safetensors" || break
+  seq=$(python3 "$tools/check_alignment.py" sequence "$tmp/rec$i.safetensors") || { fail "sequence $i"; break; }
+  check "score $i" "$specula" score --model "$target" --prompt-ids "$seq" --layer-hidden \
+    --out "$tmp/score$i.safetensors" || break
+  check "shard $i" python3 "$tools/check_alignment.py" shard-from-score --score "$tmp/score$i.safetensors" \
+    --record "$tmp/rec$i.safetensors" --target "$target" --out "$tmp/shards" --index "$i" || break
 done
+# Everything below trains on these shards and then on the first run's output:
+# stop at the first failure there instead of reporting its consequences.
+[[ $failed -eq 0 ]] || exit 1
 
 args=(--shards "$tmp/shards" --target "$target" --out "$tmp/out" --device cpu --block-size 5 --layers 2
   --hidden 32 --heads 4 --markov-rank 16 --batch 8 --anchors-per-seq 4 --held-out-fraction 0.25
   --eval-every 10 --eval-anchors 16 --log-every 5 --seed 1)
-python3 "$tools/train_dspark.py" "${args[@]}" --steps 30 || fail "training exited $?"
+check "training 30 steps" python3 "$tools/train_dspark.py" "${args[@]}" --steps 30 || exit 1
 for f in model.safetensors dspark.json checkpoint.pt train_log.jsonl; do
-  [[ -s $tmp/out/$f ]] || fail "no $f"
+  [[ -s $tmp/out/$f ]] && echo "export has $f: ok" || fail "export has $f: no $f in $tmp/out"
 done
-python3 - "$tmp/out" <<'PY' || fail "log or export content"
+check "log and export content" python3 - "$tmp/out" <<'PY' && tail -n 1 "$tmp/log/log_and_export_content.log"
 import json, math, sys
 out = sys.argv[1]
 log = [json.loads(l) for l in open(f"{out}/train_log.jsonl")]
@@ -60,8 +81,19 @@ assert d["config"]["tap_layers"] == [1, 2, 4] and d["config"]["block_size"] == 5
 assert d["training"]["seed"] == 1 and "torch" in d["training"]["versions"], d["training"]
 print("train log and export: ok; held-out tau", [round(e["tau"], 3) for e in evals])
 PY
-python3 "$tools/train_dspark.py" "${args[@]}" --steps 40 --resume || fail "--resume exited $?"
-[[ $(grep -c '"eval"' "$tmp/out/train_log.jsonl") -eq 4 ]] || fail "--resume did not continue to step 40"
-out=$("$specula" generate --model "$target" --draft "$tmp/out" --prompt-ids 3,17,33 -n 12 2>&1) ||
-  fail "the engine did not load the export: $out"
+check "--resume to 40 steps" python3 "$tools/train_dspark.py" "${args[@]}" --steps 40 --resume || exit 1
+evals=$(grep -c '"eval"' "$tmp/out/train_log.jsonl")
+if [[ $evals -eq 4 ]]; then
+  echo "--resume continued to step 40: ok"
+else
+  fail "--resume continued to step 40: $evals evaluations in train_log.jsonl, expected 4; the log's steps:"
+  python3 -c 'import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    print("  |", r.get("event") or ("eval" if "eval" in r else "train"), "step", r.get("step"))' \
+    "$tmp/out/train_log.jsonl"
+fi
+check "the engine loads the export" "$specula" generate --model "$target" --draft "$tmp/out" \
+  --prompt-ids 3,17,33 -n 12
+[[ $failed -eq 0 ]] && echo "train_smoke: all checks passed"
 exit $failed
