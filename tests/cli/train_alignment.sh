@@ -17,13 +17,8 @@
 # --dump-examples (no torch needed).
 # Usage: train_alignment.sh SPECULA_BINARY SOURCE_DIR
 set -uo pipefail
-specula=$1
-src=$2
-command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failed=0
-fail() { echo "FAIL: $*"; failed=1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+need python3
 
 tools=$src/tools/train
 target=$src/tests/golden/dense_kev

@@ -9,32 +9,9 @@
 # shapes and the target's config hash as the engine checks them).
 # Usage: train_smoke.sh SPECULA_BINARY SOURCE_DIR
 set -uo pipefail
-specula=$1
-src=$2
-command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+need python3
 python3 -c "import torch" 2>/dev/null || { echo "SKIP: torch not installed"; exit 77; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failed=0
-fail() { echo "FAIL: $*"; failed=1; }
-# check NAME COMMAND...: runs COMMAND with its output to $tmp/log/NAME.log and
-# prints one line, "NAME: ok" or "NAME: FAIL (exit N)" followed by the log's
-# last lines, so that a failure shows in a short captured output.
-mkdir -p "$tmp/log"
-check() {
-  local name=$1
-  shift
-  local log=$tmp/log/${name//[^A-Za-z0-9_.-]/_}.log
-  "$@" >"$log" 2>&1
-  local status=$?
-  if [[ $status -eq 0 ]]; then
-    echo "$name: ok"
-  else
-    fail "$name (exit $status); last lines of its output:"
-    tail -n 25 "$log" | sed 's/^/  | /'
-  fi
-  return $status
-}
 tools=$src/tools/train
 target=$src/tests/golden/dense_kev
 
