@@ -2,7 +2,7 @@
 # tools/train/train_dspark.py end to end on tiny data, CPU (skipped, exit 77,
 # without python3 or torch; CI here has no torch, the GPU machine has).
 # Shards: 8 greedy sequences of dense_kev (specula dspark-record + score
-# --layer-hidden, as in train_alignment.sh). Checks: --check-reference (the
+# --layer-hidden, lib_shards.sh as in train_alignment.sh). Checks: --check-reference (the
 # batched module against tests/golden/dspark; skipped without transformers),
 # 30 steps of training with a held-out evaluation, the log and export files,
 # --resume to 40 steps, and that `specula generate` loads the export (names,
@@ -10,6 +10,7 @@
 # Usage: train_smoke.sh SPECULA_BINARY SOURCE_DIR
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib_shards.sh"
 need python3
 python3 -c "import torch" 2>/dev/null || { echo "SKIP: torch not installed"; exit 77; }
 tools=$src/tools/train
@@ -24,13 +25,7 @@ fi
 for i in $(seq 0 7); do
   ids=""
   for j in $(seq 0 $((4 + i % 5))); do ids+="${ids:+,}$(((i * 37 + j * 11 + 5) % 125 + 3))"; done
-  check "dspark-record $i" "$specula" dspark-record --model "$target" --draft "$src/tests/golden/dspark" \
-    --prompt-ids "$ids" -n 32 --out "$tmp/rec$i.safetensors" || break
-  seq=$(python3 "$tools/check_alignment.py" sequence "$tmp/rec$i.safetensors") || { fail "sequence $i"; break; }
-  check "score $i" "$specula" score --model "$target" --prompt-ids "$seq" --layer-hidden \
-    --out "$tmp/score$i.safetensors" || break
-  check "shard $i" python3 "$tools/check_alignment.py" shard-from-score --score "$tmp/score$i.safetensors" \
-    --record "$tmp/rec$i.safetensors" --target "$target" --out "$tmp/shards" --index "$i" || break
+  dspark_shard "sequence $i" "$tmp/seq$i" "$src/tests/golden/dspark" "$ids" 32 "$tmp/shards" "$i" || break
 done
 # Everything below trains on these shards and then on the first run's output:
 # stop at the first failure there instead of reporting its consequences.
