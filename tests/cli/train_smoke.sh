@@ -45,7 +45,8 @@ log = [json.loads(l) for l in open(f"{out}/train_log.jsonl")]
 evals = [r["eval"] for r in log if "eval" in r]
 assert len(evals) == 3, evals
 assert all(1 <= e["tau"] <= 6 and math.isfinite(e["loss"]) for e in evals), evals
-steps = [r for r in log if "loss" in r]
+# Training records only: the "start" record carries "loss" too, the loss formula as text.
+steps = [r for r in log if "loss" in r and "event" not in r]
 assert steps and all(math.isfinite(r["loss"]) for r in steps), steps
 d = json.load(open(f"{out}/dspark.json"))
 assert d["kind"] == "dspark-drafter" and d["variant"] == "dspark" and d["version"] == 1, d

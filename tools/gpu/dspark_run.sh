@@ -51,6 +51,7 @@ fi
 if has_stage smoke; then
   # The PyTorch DSpark trainer end to end on tiny shards (tests/cli/train_smoke.sh).
   step "train smoke" 240 train_smoke.log bash tests/cli/train_smoke.sh "$SPECULA" "$PWD"
+  cat "$OUT/train_smoke.log"  # one line per check; a failure with its output's last lines
 fi
 
 if has_stage sanitizer; then
