@@ -5,13 +5,8 @@
 # refused naming the arm, the drafter and the target.
 # Usage: ab.sh SPECULA_BINARY SOURCE_DIR
 set -uo pipefail
-specula=$1
-src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-command -v jq >/dev/null || { echo "SKIP: jq not found"; exit 77; }
-failed=0
-fail() { echo "FAIL: $*"; failed=1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+need jq
 
 cat >"$tmp/prompts.jsonl" <<'P'
 {"turns": ["def fibonacci(n):"]}

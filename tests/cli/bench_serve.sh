@@ -6,13 +6,8 @@
 # hang; a non-loopback --host is refused. Exits 77 (skipped) without node.
 # Usage: bench_serve.sh SPECULA_BINARY SOURCE_DIR
 set -uo pipefail
-specula=$1
-src=$2
-if ! command -v node >/dev/null; then
-  echo "SKIP: node is not installed"
-  exit 77
-fi
-tmp=$(mktemp -d)
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+need node
 pids=()
 cleanup() {
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null; done
@@ -20,7 +15,6 @@ cleanup() {
 }
 trap cleanup EXIT
 passed=0
-failed=0
 ok() { passed=$((passed + 1)); }
 bad() {
   failed=$((failed + 1))

@@ -7,13 +7,8 @@
 # for a DeepSpec-layout folder and a folder that is not DSpark.
 # Usage: calibrate.sh SPECULA_BINARY SOURCE_DIR
 set -uo pipefail
-specula=$1
-src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-command -v jq >/dev/null || { echo "SKIP: jq not found"; exit 77; }
-failed=0
-fail() { echo "FAIL: $*"; failed=1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+need jq
 
 target=$src/tests/golden/dense_kev
 mkdir -p "$tmp/drafter"

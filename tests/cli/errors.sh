@@ -3,12 +3,8 @@
 # clean error, never a crash or a signal) and name the offending thing.
 # Usage: errors.sh SPECULA_BINARY SOURCE_DIR
 set -uo pipefail
-specula=$1
-src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 passed=0
-failed=0
 
 expect_error() {  # name, expected substring, command...
   local name=$1 want=$2

@@ -8,12 +8,7 @@
 # refused with a clear error.
 # Usage: quantize.sh SPECULA_BINARY SOURCE_DIR
 set -uo pipefail
-specula=$1
-src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failed=0
-fail() { echo "FAIL: $*"; failed=1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 assistant=$src/models/gemma4-tiny-py-assistant
 for dtype in int8 fp8; do

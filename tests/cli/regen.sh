@@ -9,14 +9,9 @@
 # layout. Bad inputs exit 1 naming the flag, file or value.
 # Usage: regen.sh SPECULA_BINARY SOURCE_DIR
 set -uo pipefail
-specula=$1
-src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-command -v jq >/dev/null || { echo "SKIP: jq not found"; exit 77; }
-command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
-failed=0
-fail() { echo "FAIL: $*"; failed=1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+need jq
+need python3
 
 # A safetensors reader on the standard library only: `st.py FILE` prints
 # {"meta": ..., "tensors": {name: {"dtype", "shape", "values" (ints/floats)}}}.

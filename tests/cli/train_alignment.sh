@@ -17,32 +17,20 @@
 # --dump-examples (no torch needed).
 # Usage: train_alignment.sh SPECULA_BINARY SOURCE_DIR
 set -uo pipefail
-specula=$1
-src=$2
-command -v python3 >/dev/null || { echo "SKIP: python3 not found"; exit 77; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failed=0
-fail() { echo "FAIL: $*"; failed=1; }
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/lib_shards.sh"
+need python3
 
 tools=$src/tools/train
 target=$src/tests/golden/dense_kev
 gamma=5  # tests/golden/dspark's block size
 python3 "$tools/check_alignment.py" selftest || fail "check_alignment.py selftest"
 
-# One drafter/record: record, score the sequence once, build the shard, check.
+# One drafter/record: record, score the sequence once, build the shard (lib_shards.sh), check.
 # $1 name, $2 drafter folder, $3 extra check flags.
 align() {
   local d=$tmp/$1
-  mkdir -p "$d"
-  "$specula" dspark-record --model "$target" --draft "$2" --prompt-ids 3,17,33,2,90,41,7 -n 40 \
-    --out "$d/record.safetensors" || { fail "$1: dspark-record exited $?"; return 1; }
-  local seq
-  seq=$(python3 "$tools/check_alignment.py" sequence "$d/record.safetensors") || fail "$1: reading the record"
-  "$specula" score --model "$target" --prompt-ids "$seq" --layer-hidden --out "$d/score.safetensors" ||
-    fail "$1: score exited $?"
-  python3 "$tools/check_alignment.py" shard-from-score --score "$d/score.safetensors" \
-    --record "$d/record.safetensors" --target "$target" --out "$d/shards" || fail "$1: shard-from-score"
+  dspark_shard "$1" "$d" "$2" 3,17,33,2,90,41,7 40 "$d/shards" || return 1
   python3 "$tools/dspark_data.py" --shards "$d/shards" --block-size $gamma || fail "$1: dspark_data.py summary"
   python3 "$tools/train_dspark.py" --dump-examples 16 --shards "$d/shards" --block-size $gamma --seed 3 \
     --out "$d/examples.json" || fail "$1: train_dspark.py --dump-examples"

@@ -9,7 +9,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -19,6 +18,7 @@
 #include "engine/chat/chat_template_check.h"
 #include "engine/chat/sha256.h"
 #include "engine/core/error.h"
+#include "tests/unit/test_util.h"
 
 namespace specula {
 namespace {
@@ -43,14 +43,7 @@ std::vector<nlohmann::json> golden_cases() {
   return cases;
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 // ---------------------------------------------------------------- goldens
 

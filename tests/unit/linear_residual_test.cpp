@@ -5,12 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
-#include <functional>
 #include <string>
 
 #include "engine/backend/backends.h"
 #include "engine/core/buffer.h"
 #include "engine/core/error.h"
+#include "tests/unit/test_util.h"
 
 namespace specula {
 namespace {
@@ -54,14 +54,7 @@ TEST(LinearResidual, IsLinearThenAddOfTheIndexedRows) {
   }
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 TEST(LinearResidual, RejectsBadArguments) {
   const HostTensor x = random(DType::kF32, {2, 8}, 1);

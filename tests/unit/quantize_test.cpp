@@ -23,25 +23,15 @@
 #include "engine/speculative/decoder.h"
 #include "tests/unit/dspark/dspark_test_util.h"
 #include "tests/unit/model/golden_util.h"
+#include "tests/unit/test_util.h"
 
 namespace specula {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
-std::string temp_dir(const std::string& name) {
-  const std::string d = std::string(SPECULA_BINARY_DIR) + "/quantize_test_tmp/" + name;
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d;
-}
+// Scratch folders under <build>/quantize_test_tmp/.
+const testing::TempDirs temp_dir("quantize_test");
 
 // A host f32 matrix of uniform values in [-1, 1) with a few rows scaled up
 // and one row of zeros (the all-zero guard).

@@ -19,6 +19,7 @@
 #include "engine/sampling/sampling_params.h"
 #include "engine/sampling/speculative.h"
 #include "engine/sampling/stop_matcher.h"
+#include "tests/unit/test_util.h"
 
 namespace specula {
 namespace {
@@ -61,14 +62,7 @@ std::vector<double> to_double(std::span<const float> x) {
   return {x.begin(), x.end()};
 }
 
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 // ---------------------------------------------------------------- params
 

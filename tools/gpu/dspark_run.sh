@@ -15,46 +15,17 @@
 set -uo pipefail
 
 OUT=${OUT:?set OUT to the folder for logs and results}
-mkdir -p "$OUT"
+STEP_KILL_AFTER=20
+source "$(dirname "$0")/lib.sh"
 STAGES=${STAGES:-"tests cost"}
 DRAFTS=${DRAFTS:-"random-dspark:5 random-dspark:8 random-dspark-deepspec:5 random-dspark-deepspec:8"}
 BIN=${1:?give the folder holding specula and specula_cuda_tests}
-STATUS=$OUT/status.txt
-: >"$STATUS"
 
-has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
-note() { echo "$*" | tee -a "$STATUS"; }
-step() {
-  local name=$1 limit=$2 log=$3
-  shift 3
-  local t0=$SECONDS
-  echo "== $name: $*" >&2
-  timeout --kill-after=20 "$limit" "$@" >"$OUT/$log" 2>&1
-  local rc=$?
-  local what=ok
-  [[ $rc -eq 124 || $rc -eq 137 ]] && what="TIMEOUT after ${limit}s"
-  [[ $rc -ne 0 && $what == ok ]] && what="FAILED (exit $rc)"
-  note "$name: $what, $((SECONDS - t0)) s, log $log"
-  return $rc
-}
+machine_header --print
 
-{
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  nvidia-smi --query-gpu=name,uuid,memory.total,driver_version --format=csv,noheader 2>&1
-} >"$OUT/machine.txt"
-cat "$OUT/machine.txt"
-
-for f in "$BIN"/*.xz; do [[ -e $f ]] && xz -dkf "$f"; done
-chmod +x "$BIN"/specula "$BIN"/specula_cuda_tests 2>/dev/null
+unpack_bins "$BIN"
 SPECULA=$BIN/specula
-# Libraries packed beside the binaries (tools/gpu/pack_bins.sh: cairo for the lab's plots).
-if [[ -d $BIN/../lib ]]; then export LD_LIBRARY_PATH="$(cd "$BIN/../lib" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; fi
 TESTS=$BIN/specula_cuda_tests
-src=$(strings "$SPECULA" | grep -m1 -o '/[^ ]*/models$' | sed 's#/models$##')
-if [[ -n $src && ! -e $src ]]; then
-  mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src" && note "linked $src -> $PWD"
-fi
 
 if has_stage tests; then
   step cuda_tests 420 cuda_tests.log "$TESTS" --gtest_brief=1 \
@@ -80,6 +51,7 @@ fi
 if has_stage smoke; then
   # The PyTorch DSpark trainer end to end on tiny shards (tests/cli/train_smoke.sh).
   step "train smoke" 240 train_smoke.log bash tests/cli/train_smoke.sh "$SPECULA" "$PWD"
+  cat "$OUT/train_smoke.log"  # one line per check; a failure with its output's last lines
 fi
 
 if has_stage sanitizer; then

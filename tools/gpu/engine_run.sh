@@ -16,35 +16,13 @@
 set -uo pipefail
 
 OUT=${OUT:?set OUT to the folder for logs and results}
-mkdir -p "$OUT"
+STEP_KILL_AFTER=20
+source "$(dirname "$0")/lib.sh"
 STAGES=${STAGES:-"tests micro e2e serving"}
 PROFILE=${PROFILE:-0.84,0.60,0.39,0.27}
 BIN=${1:-}
-STATUS=$OUT/status.txt
-: >"$STATUS"
 
-has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
-note() { echo "$*" | tee -a "$STATUS"; }
-step() {
-  local name=$1 limit=$2 log=$3
-  shift 3
-  local t0=$SECONDS
-  echo "== $name: $*" >&2
-  timeout --kill-after=20 "$limit" "$@" >"$OUT/$log" 2>&1
-  local rc=$?
-  local what=ok
-  [[ $rc -eq 124 || $rc -eq 137 ]] && what="TIMEOUT after ${limit}s"
-  [[ $rc -ne 0 && $what == ok ]] && what="FAILED (exit $rc)"
-  note "$name: $what, $((SECONDS - t0)) s, log $log"
-  return $rc
-}
-
-{
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  nvidia-smi --query-gpu=name,uuid,memory.total,driver_version --format=csv,noheader 2>&1
-} >"$OUT/machine.txt"
-cat "$OUT/machine.txt"
+machine_header --print
 
 if [[ -z $BIN ]]; then
   BIN=build-gpu
@@ -54,14 +32,9 @@ if [[ -z $BIN ]]; then
   SPECULA=$BIN/apps/specula
   TESTS=$BIN/tests/specula_cuda_tests
 else
-  for f in "$BIN"/*.xz; do [[ -e $f ]] && xz -dkf "$f"; done
-  chmod +x "$BIN"/specula "$BIN"/specula_cuda_tests 2>/dev/null
+  unpack_bins "$BIN"
   SPECULA=$BIN/specula
   TESTS=$BIN/specula_cuda_tests
-  src=$(strings "$SPECULA" | grep -m1 -o '/[^ ]*/models$' | sed 's#/models$##')
-  if [[ -n $src && ! -e $src ]]; then
-    mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src" && note "linked $src -> $PWD"
-  fi
 fi
 
 if has_stage tests; then

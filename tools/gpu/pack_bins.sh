@@ -2,7 +2,8 @@
 # Packs binaries built here (-DSPECULA_CUDA=ON, sm_90a) for the GPU machine:
 # stripped and xz-compressed into DEST/bin, and the shared libraries of the
 # lab's plots (cairo and what it loads), which that machine lacks, into
-# DEST/lib. tools/gpu/dspark_run.sh puts DEST/lib on LD_LIBRARY_PATH.
+# DEST/lib. unpack_bins (tools/gpu/lib.sh: dspark_run.sh, engine_run.sh) puts
+# DEST/lib on LD_LIBRARY_PATH.
 #
 #   bash tools/gpu/pack_bins.sh [BUILD_DIR=build] [DEST=.gpu]
 # then carry DEST/bin and DEST/lib to the run (DEST is ignored by git when it

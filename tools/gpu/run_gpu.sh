@@ -43,7 +43,7 @@
 set -uo pipefail
 
 OUT=${OUT:?set OUT to the folder for logs and results}
-mkdir -p "$OUT"
+source "$(dirname "$0")/lib.sh"
 STAGES=${STAGES:-"tests bench torch"}
 PRESETS=${PRESETS:-31b}
 DRAFT=${DRAFT-random}
@@ -52,33 +52,8 @@ BENCH_ARGS=${BENCH_ARGS:-}
 TORCH_ARGS=${TORCH_ARGS:-}
 BUILD=build-gpu
 SPECULA=$BUILD/apps/specula
-STATUS=$OUT/status.txt
-: >"$STATUS"
 
-has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
-note() { echo "$*" | tee -a "$STATUS"; }
-# Runs a step under `timeout`, logging to $OUT/<log>; records its exit status.
-step() {
-  local name=$1 limit=$2 log=$3
-  shift 3
-  local t0=$SECONDS
-  echo "== $name: $*" >&2
-  timeout --kill-after=30 "$limit" "$@" >"$OUT/$log" 2>&1
-  local rc=$?
-  local what=ok
-  [[ $rc -eq 124 || $rc -eq 137 ]] && what="TIMEOUT after ${limit}s"
-  [[ $rc -ne 0 && $what == ok ]] && what="FAILED (exit $rc)"
-  note "$name: $what, $((SECONDS - t0)) s, log $log"
-  return $rc
-}
-
-{
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown) $(git status --porcelain 2>/dev/null | wc -l) changed files"
-  echo "host: $(hostname), $(nproc) cores"
-  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem,driver_version --format=csv 2>&1
-  nvcc --version 2>&1 | tail -1
-} >"$OUT/machine.txt"
+machine_header
 
 if [[ ${SKIP_BUILD:-0} == 1 && -x $SPECULA ]]; then
   note "build: skipped (SKIP_BUILD=1, $BUILD exists)"

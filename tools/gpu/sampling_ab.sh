@@ -19,7 +19,7 @@
 set -uo pipefail
 
 OUT=${OUT:?set OUT to the folder for logs and results}
-mkdir -p "$OUT"
+source "$(dirname "$0")/lib.sh"
 BUILD=${BUILD:-build-gpu}
 STAGES=${STAGES:-"tests bench"}
 PRESETS=${PRESETS-"31b e2b"}
@@ -29,15 +29,8 @@ KS=${KS:-4}
 SAMPLING=${SAMPLING:-"--temperature 0.8 --top-p 0.95"}
 GEN=${GEN:-64}
 SPECULA=$BUILD/apps/specula
-STATUS=$OUT/status.txt
-: >"$STATUS"
-note() { echo "$*" | tee -a "$STATUS"; }
-has_stage() { [[ " $STAGES " == *" $1 "* ]]; }
 
-{
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
-} >"$OUT/machine.txt"
+machine_header
 
 if has_stage tests; then
   t0=$SECONDS

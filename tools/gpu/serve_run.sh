@@ -18,27 +18,19 @@ set -uo pipefail
 
 OUT=${OUT:?set OUT to the folder for logs and results}
 TOKENIZER=${TOKENIZER:?set TOKENIZER to a Gemma tokenizer.json}
-mkdir -p "$OUT"
+source "$(dirname "$0")/lib.sh"
 BIN=${1:-build-gpu}
 PROFILE=${PROFILE:-0.84,0.60,0.39,0.27}
 NUM_PROMPTS=${NUM_PROMPTS:-32}
 MAX_TOKENS=${MAX_TOKENS:-64}
 CONC=${CONC:-1,8,32,64}
 TEST_FILTER=${TEST_FILTER-}
-STATUS=$OUT/status.txt
-: >"$STATUS"
-note() { echo "$*" | tee -a "$STATUS"; }
 
 for b in specula specula_cuda_tests; do
   [[ -f $BIN/$b.xz && ! -f $BIN/$b ]] && xz -dkf "$BIN/$b.xz"
 done
 SPECULA=$BIN/specula
-{
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-  nvidia-smi --query-gpu=name,uuid,memory.total,driver_version --format=csv,noheader 2>&1
-} >"$OUT/machine.txt"
-cat "$OUT/machine.txt"
+machine_header --print
 
 if [[ -n $TEST_FILTER && -x $BIN/specula_cuda_tests ]]; then
   timeout 300 "$BIN/specula_cuda_tests" --gtest_filter="$TEST_FILTER" >"$OUT/cuda_tests.log" 2>&1

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -20,6 +19,7 @@
 #include "tests/unit/dspark/dspark_engine_check.h"
 #include "tests/unit/dspark/dspark_test_util.h"
 #include "tests/unit/model/golden_util.h"
+#include "tests/unit/test_util.h"
 
 namespace specula {
 namespace {
@@ -30,21 +30,10 @@ using dspark::DSparkLayout;
 using dspark::DSparkModel;
 using nlohmann::json;
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using testing::error_of;
 
-std::string temp_dir(const std::string& name) {
-  const std::string d = std::string(SPECULA_BINARY_DIR) + "/dspark_test_tmp/" + name;
-  std::filesystem::remove_all(d);
-  std::filesystem::create_directories(d);
-  return d;
-}
+// Scratch folders under <build>/dspark_test_tmp/.
+const testing::TempDirs temp_dir("dspark_test");
 
 // Small drafters for the dense_kev target (dspark_test_util.h).
 DSparkConfig small_specula(const gemma4::Gemma4Config& t, int gamma) {
