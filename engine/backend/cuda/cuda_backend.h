@@ -42,7 +42,7 @@ inline constexpr int64_t kInvariantRows = 256;
 inline constexpr int64_t kPrefillGemmRows = 16;
 
 // dst bf16 [n] = bf16(src) (round to nearest even), queued on `stream`; src is
-// f32 or f16 (cuda_linear.cu).
+// f32 or f16 (cuda_linear_lt.cu).
 void convert_to_bf16(const void* src, DType dtype, void* dst, int64_t n, cudaStream_t stream);
 
 class CudaBackend final : public Backend {
@@ -80,6 +80,7 @@ class CudaBackend final : public Backend {
   // gate and up columns computed by the same warps; gelu_tanh(gate) ⊙ up in the epilogue.
   void linear_gelu_mul(const Tensor& x, const Tensor& w_gate, const Tensor& w_up,
                        const Tensor& gate, const Tensor& up) override;
+  // cuda_embedding.cu.
   void embedding(const Tensor& table, const Tensor& ids, float scale, const Tensor& out) override;
 
   // ---- attention (cuda_attention.cu) ----

@@ -4,6 +4,7 @@
 // sums, and the per-element RMSNorm and RoPE arithmetic.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -28,6 +29,18 @@ void with_float_dtype(DType d, F&& f) {
     default:
       f(std::integral_constant<DType, DType::kF16>{});
       break;
+  }
+}
+
+// v widened exactly to f32 (float, __nv_bfloat16 or __half).
+template <typename T>
+__device__ __forceinline__ float to_f32(T v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    return __bfloat162float(v);
+  } else {
+    return __half2float(v);
   }
 }
 

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Products on the GPU: linear(), linear_multi(), linear_gelu_mul() and embedding().
+// Products on the GPU: linear(), linear_multi() and linear_gelu_mul()
+// (embedding(): cuda_embedding.cu).
 //
 // linear, y[M, N] = x[M, K] · w[N, K]ᵀ (x, y f32; w f32|bf16|f16), has three paths:
 //
@@ -39,7 +40,7 @@
 //
 // - bf16 weights with M > kInvariantRows in linear(), and any weights with
 //   M > kPrefillGemmRows in linear_prefill(): cuBLASLt on bf16 copies of the
-//   activations (and of the weights when they are not bf16), f32 accumulation
+//   activations (and of the weights when they are not bf16; cuda_linear_lt.cu), f32 accumulation
 //   (CUBLAS_COMPUTE_32F), f32 output written straight into y. Deterministic for
 //   a given shape (the algorithm is chosen once per shape and cached), but NOT
 //   batch-invariant: the algorithm, and with it the reduction order, depends on
@@ -53,13 +54,6 @@
 // - quantized weights (i8, f8e4m3 with per-row scales), any M, in linear(),
 //   linear_prefill() and, one product at a time, linear_multi() and
 //   linear_gelu_mul(): the kernel of cuda_linear_quant.cu (numerics there).
-//
-// embedding, out[n, :] = f32(table[ids[n], :]) · scale. The contract says an id
-// outside [0, V) throws; a kernel cannot throw and checking on the host would
-// need a device->host read-back (a stream synchronisation) on every call, so
-// the CUDA embedding writes a zero row for an out-of-range id instead. The model
-// validates token ids on the host before every forward, so valid requests
-// never reach that case.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -71,11 +65,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <limits>
-#include <map>
-#include <memory>
-#include <mutex>
 #include <span>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -83,6 +73,7 @@
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/backend/cuda/cuda_device_common.cuh"
 #include "engine/backend/cuda/cuda_launch.cuh"
+#include "engine/backend/cuda/cuda_linear_lt.h"
 #include "engine/backend/cuda/cuda_linear_mma.h"
 #include "engine/backend/cuda/cuda_linear_quant.h"
 #include "engine/backend/cuda/cuda_multi_outs.cuh"
@@ -105,29 +96,8 @@ constexpr int kChunk = 8;
 constexpr unsigned kFullMask = 0xffffffffu;
 static_assert(kMaxGroup * kCols <= 32, "each (row, column) result is written by its own lane");
 
-// ---- cuBLASLt ----
-constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
-// Cached plans (one per shape and alignment); the cache is emptied when it
-// holds more than this many (prefill lengths vary from prompt to prompt).
-constexpr size_t kMaxLtPlans = 256;
-
-// Threads per block and the most blocks of the grid-stride element kernels.
-constexpr int kElemThreads = 256;
-constexpr int64_t kMaxElemBlocks = 8192;
-
 // ---------------------------------------------------------------------------
 // Element conversions.
-
-template <typename T>
-__device__ __forceinline__ float to_f32(T v) {
-  if constexpr (std::is_same_v<T, float>) {
-    return v;
-  } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-    return __bfloat162float(v);
-  } else {
-    return __half2float(v);
-  }
-}
 
 // Eight consecutive weight elements as raw bits: one 16-byte word for bf16 and
 // f16, two for f32.
@@ -712,215 +682,6 @@ void with_weight_type(DType d, F&& f) {
 }
 
 // ---------------------------------------------------------------------------
-// cuBLASLt path.
-
-// dst[i] = bf16(src[i]) (round to nearest even), grid-stride.
-template <typename T>
-__global__ void to_bf16_kernel(const T* __restrict__ src, __nv_bfloat16* __restrict__ dst,
-                               int64_t n) {
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    dst[i] = __float2bfloat16_rn(to_f32(src[i]));
-  }
-}
-
-}  // namespace
-
-void convert_to_bf16(const void* src, DType dtype, void* dst, int64_t n, cudaStream_t stream) {
-  const unsigned blocks =
-      static_cast<unsigned>(std::min<int64_t>(blocks_for(n, kElemThreads), kMaxElemBlocks));
-  auto* out = static_cast<__nv_bfloat16*>(dst);
-  if (dtype == DType::kF16) {
-    to_bf16_kernel<<<blocks, kElemThreads, 0, stream>>>(static_cast<const __half*>(src), out, n);
-  } else {
-    to_bf16_kernel<<<blocks, kElemThreads, 0, stream>>>(static_cast<const float*>(src), out, n);
-  }
-  check_cuda(cudaGetLastError(), "to_bf16_kernel");
-}
-
-namespace {
-
-// Largest power of two (at most 256) dividing the address: what cuBLASLt may assume.
-uint32_t alignment_of(const void* p) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  if (a == 0) return 256;
-  return static_cast<uint32_t>(std::min<uintptr_t>(a & (~a + 1), 256));
-}
-
-struct MatmulDescDeleter {
-  void operator()(cublasLtMatmulDescOpaque_t* d) const { cublasLtMatmulDescDestroy(d); }
-};
-struct LayoutDeleter {
-  void operator()(cublasLtMatrixLayoutOpaque_t* l) const { cublasLtMatrixLayoutDestroy(l); }
-};
-struct PreferenceDeleter {
-  void operator()(cublasLtMatmulPreferenceOpaque_t* p) const { cublasLtMatmulPreferenceDestroy(p); }
-};
-using MatmulDescPtr = std::unique_ptr<cublasLtMatmulDescOpaque_t, MatmulDescDeleter>;
-using LayoutPtr = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, LayoutDeleter>;
-using PreferencePtr = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, PreferenceDeleter>;
-
-LayoutPtr make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
-  cublasLtMatrixLayout_t l = nullptr;
-  check_cublas(cublasLtMatrixLayoutCreate(&l, type, static_cast<uint64_t>(rows),
-                                          static_cast<uint64_t>(cols), ld),
-               "cublasLtMatrixLayoutCreate");
-  return LayoutPtr(l);
-}
-
-// (device, M, N, K, alignment of w's bf16 data, alignment of y).
-using LtKey = std::tuple<int, int64_t, int64_t, int64_t, uint32_t, uint32_t>;
-
-// Descriptors, layouts and the chosen algorithm for one shape. Row-major
-// y[M, N] = x[M, K] · w[N, K]ᵀ is column-major C[N, M] = op(A) · B with
-// A = w viewed column-major as [K, N] (ld K), op = transpose; B = x viewed
-// column-major as [K, M] (ld K); C = D = y viewed column-major as [N, M] (ld N).
-struct LtPlan {
-  MatmulDescPtr desc;
-  LayoutPtr a, b, c;
-  cublasLtMatmulAlgo_t algo{};
-  bool usable = false;  // false: cuBLASLt offers no algorithm for this shape
-
-  LtPlan(cublasLtHandle_t lt, const LtKey& key) {
-    const auto [device, m, n, k, align_a, align_c] = key;
-    (void)device;
-    cublasLtMatmulDesc_t d = nullptr;
-    check_cublas(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-                 "cublasLtMatmulDescCreate");
-    desc.reset(d);
-    const cublasOperation_t trans_a = CUBLAS_OP_T;
-    const cublasOperation_t trans_b = CUBLAS_OP_N;
-    check_cublas(
-        cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &trans_a, sizeof(trans_a)),
-        "cublasLtMatmulDescSetAttribute(TRANSA)");
-    check_cublas(
-        cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &trans_b, sizeof(trans_b)),
-        "cublasLtMatmulDescSetAttribute(TRANSB)");
-    a = make_layout(CUDA_R_16BF, k, n, k);
-    b = make_layout(CUDA_R_16BF, k, m, k);
-    c = make_layout(CUDA_R_32F, n, m, n);
-
-    cublasLtMatmulPreference_t p = nullptr;
-    check_cublas(cublasLtMatmulPreferenceCreate(&p), "cublasLtMatmulPreferenceCreate");
-    PreferencePtr pref(p);
-    const uint64_t workspace = kLtWorkspaceBytes;
-    const uint32_t align_b = 256;  // x's bf16 copy lives in cudaMalloc'd scratch
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &workspace, sizeof(workspace)),
-                 "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                      &align_a, sizeof(align_a)),
-                 "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_A_BYTES)");
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                      &align_b, sizeof(align_b)),
-                 "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_B_BYTES)");
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                      &align_c, sizeof(align_c)),
-                 "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_C_BYTES)");
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                      &align_c, sizeof(align_c)),
-                 "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_D_BYTES)");
-
-    cublasLtMatmulHeuristicResult_t result{};
-    int count = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(lt, d, a.get(), b.get(), c.get(),
-                                                             c.get(), p, 1, &result, &count);
-    // NOT_SUPPORTED means no algorithm fits (e.g. leading dimensions with odd
-    // alignment); the caller then falls back to the invariant kernel.
-    if (st == CUBLAS_STATUS_NOT_SUPPORTED) return;
-    check_cublas(st, "cublasLtMatmulAlgoGetHeuristic");
-    if (count < 1 || result.state != CUBLAS_STATUS_SUCCESS) return;
-    algo = result.algo;
-    usable = true;
-  }
-};
-
-// Process-wide plan cache. Plans are shared_ptr so that emptying the cache
-// never frees a plan another thread is using.
-std::shared_ptr<const LtPlan> lt_plan(cublasLtHandle_t lt, const LtKey& key) {
-  static std::mutex mutex;
-  static std::map<LtKey, std::shared_ptr<const LtPlan>> plans;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = plans.find(key);
-  if (it != plans.end()) return it->second;
-  if (plans.size() >= kMaxLtPlans) plans.clear();
-  auto plan = std::make_shared<const LtPlan>(lt, key);
-  plans.emplace(key, plan);
-  return plan;
-}
-
-// Runs y = x · wᵀ through cuBLASLt and returns true, or returns false (having
-// queued nothing) when cuBLASLt has no algorithm for the shape.
-bool linear_lt(CudaBackend& be, const Tensor& x, const Tensor& w, const Tensor& y) {
-  const int64_t m = x.dim(0);
-  const int64_t k = x.dim(1);
-  const int64_t n = w.dim(0);
-  // Weights not already bf16 are converted into cudaMalloc'd (256-byte aligned) scratch.
-  const uint32_t align_w = w.dtype() == DType::kBF16 ? alignment_of(w.data()) : 256;
-  const LtKey key{be.device_index(), m, n, k, align_w, alignment_of(y.data())};
-  const std::shared_ptr<const LtPlan> plan = lt_plan(be.lt_handle(), key);
-  if (!plan->usable) return false;
-
-  cudaStream_t stream = be.stream();
-  // All scratch first: growing one synchronises the stream and frees the old buffer.
-  void* workspace = be.scratch(be.lt_workspace_, kLtWorkspaceBytes);
-  void* x_bf16 = be.scratch(be.x_bf16_, static_cast<size_t>(m * k) * 2);
-  const void* w_bf16 = w.data();
-  if (w.dtype() != DType::kBF16) {
-    void* converted = be.scratch(be.w_bf16_, static_cast<size_t>(n * k) * 2);
-    convert_to_bf16(w.data(), w.dtype(), converted, n * k, stream);
-    w_bf16 = converted;
-  }
-  convert_to_bf16(x.data(), DType::kF32, x_bf16, m * k, stream);
-
-  const float alpha = 1.0f;
-  const float beta = 0.0f;  // C is not read
-  check_cublas(cublasLtMatmul(be.lt_handle(), plan->desc.get(), &alpha, w_bf16, plan->a.get(),
-                              x_bf16, plan->b.get(), &beta, y.data(), plan->c.get(), y.data(),
-                              plan->c.get(), &plan->algo, workspace, kLtWorkspaceBytes, stream),
-               "cublasLtMatmul (linear)");
-  return true;
-}
-
-// ---------------------------------------------------------------------------
-// embedding.
-
-// out[row, :] = f32(table[ids[row], :]) · scale, or zeros for an id outside
-// [0, vocab). Grid: x covers H (grid-stride), y covers rows (grid-stride).
-template <typename T>
-__global__ void embedding_kernel(const T* __restrict__ table, const int32_t* __restrict__ ids,
-                                 float scale, float* __restrict__ out, int64_t n, int64_t h,
-                                 int64_t vocab) {
-  for (int64_t row = blockIdx.y; row < n; row += gridDim.y) {
-    const int64_t id = ids[row];
-    const bool valid = id >= 0 && id < vocab;
-    const T* src = table + (valid ? id : 0) * h;
-    float* dst = out + row * h;
-    for (int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < h;
-         j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      dst[j] = valid ? to_f32(src[j]) * scale : 0.0f;
-    }
-  }
-}
-
-template <typename T>
-void launch_embedding(const Tensor& table, const Tensor& ids, float scale, const Tensor& out,
-                      cudaStream_t stream) {
-  const int64_t n = ids.dim(0);
-  const int64_t h = table.dim(1);
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>(blocks_for(h, kElemThreads), 64)),
-                  static_cast<unsigned>(std::min<int64_t>(n, 65535)));
-  // A plain launch, never a programmatic dependent: it waits for everything
-  // queued before it, which is the ordering promise attention_with_inputs
-  // relies on to read old cache rows before its inputs are ready.
-  embedding_kernel<T><<<grid, kElemThreads, 0, stream>>>(table.data_as<const T>(),
-                                                         ids.data_as<const int32_t>(), scale,
-                                                         out.data_as<float>(), n, h, table.dim(0));
-  check_cuda(cudaGetLastError(), "embedding_kernel");
-}
-
-// ---------------------------------------------------------------------------
 // Argument checks.
 
 // linear()'s checks of one product y = x · wᵀ: op names the call, w_name and
@@ -1130,48 +891,6 @@ void CudaBackend::linear_gelu_mul(const Tensor& x, const Tensor& w_gate, const T
     launch_gelu_mul<T>(x.data_as<const float>(), w_gate.data_as<const T>(), w_up.data_as<const T>(),
                        gate.data_as<float>(), m, n, k, stream_);
   });
-}
-
-// out[n, :] = f32(table[ids[n], :]) · scale; table f32|bf16|f16 [V, H], ids i32
-// [N], out f32 [N, H], all on this device; out must not overlap table or ids.
-// An id outside [0, V) gives a zero row (the CPU backend throws; see top).
-void CudaBackend::embedding(const Tensor& table, const Tensor& ids, float scale,
-                            const Tensor& out) {
-  OpTimer timer(*this, "embedding");
-  constexpr const char* kOp = "embedding";
-  check_on(*this, kOp, "table", table);
-  check_on(*this, kOp, "ids", ids);
-  check_on(*this, kOp, "out", out);
-  check_weight(kOp, "table", table);
-  check_rank(kOp, "table", table, 2);
-  check_dtype(kOp, "ids", ids, DType::kI32);
-  check_rank(kOp, "ids", ids, 1);
-  check_dtype(kOp, "out", out, DType::kF32);
-  const int64_t n = ids.dim(0);
-  const int64_t h = table.dim(1);
-  if (out.shape() != Shape({n, h})) {
-    fail("embedding: out {} must be f32[{}, {}] for ids {} and table {}", out.describe(), n, h,
-         ids.describe(), table.describe());
-  }
-  check_no_alias(kOp, "out", out, "table", table);
-  check_no_alias(kOp, "out", out, "ids", ids);
-  if (n == 0 || h == 0) return;
-  if (is_quantized(table.dtype())) {
-    quant_embedding(table.data(), table.dtype(), table.scale_data(), ids.data_as<const int32_t>(),
-                    scale, out.data_as<float>(), n, h, table.dim(0), stream_);
-    return;
-  }
-  switch (table.dtype()) {
-    case DType::kF32:
-      launch_embedding<float>(table, ids, scale, out, stream_);
-      break;
-    case DType::kBF16:
-      launch_embedding<__nv_bfloat16>(table, ids, scale, out, stream_);
-      break;
-    default:
-      launch_embedding<__half>(table, ids, scale, out, stream_);
-      break;
-  }
 }
 
 }  // namespace specula::cuda

@@ -199,7 +199,7 @@ void quant_embedding(const void* table, DType dtype, const float* scales, const 
   constexpr int kThreads = 256;
   const dim3 grid(static_cast<unsigned>(std::min<int64_t>(blocks_for(h, kThreads), 64)),
                   static_cast<unsigned>(std::min<int64_t>(n, 65535)));
-  // A plain launch like the float embedding (cuda_linear.cu): it waits for
+  // A plain launch like the float embedding (cuda_embedding.cu): it waits for
   // everything queued before it (attention_with_inputs' ordering promise).
   with_quant_dtype(dtype, [&](auto tag) {
     constexpr DType kDt = decltype(tag)::value;
