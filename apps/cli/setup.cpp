@@ -288,6 +288,7 @@ std::string summary_line(const speculative::DecodeStats& s, bool speculative) {
     line += fmt::format(" | drafted {}, accepted {} ({:.1f}%), tau {:.2f}", s.drafted, s.accepted,
                         100.0 * s.acceptance_rate(), s.mean_accepted_length());
     if (s.pruned > 0) line += fmt::format(", pruned {}", s.pruned);
+    if (s.scheduled_cut > 0) line += fmt::format(", scheduler cut {}", s.scheduled_cut);
   }
   return line;
 }
@@ -306,6 +307,7 @@ nlohmann::json stats_json(const speculative::DecodeStats& s, bool speculative) {
     j["drafted"] = s.drafted;
     j["accepted"] = s.accepted;
     j["pruned"] = s.pruned;
+    j["scheduled_cut"] = s.scheduled_cut;
     j["acceptance_rate"] = s.acceptance_rate();
     j["mean_accepted_length"] = s.mean_accepted_length();
     nlohmann::json by_pos = nlohmann::json::array();
