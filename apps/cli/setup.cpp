@@ -261,7 +261,13 @@ void load_dspark(LoadedModels& m, const std::string& dir, const ModelArgs& args,
   const auto t1 = std::chrono::steady_clock::now();
   m.dspark = dspark::DSparkModel::load(dir, *m.target, m.target->backend(), !args.no_weight_scan);
   auto drafter = std::make_unique<dspark::DSparkDrafter>(*m.target, *m.dspark);
-  const std::string pruning = apply_pruning(*drafter, *m.dspark, args);
+  std::string pruning = apply_pruning(*drafter, *m.dspark, args);
+  if (const std::vector<float>& sts = m.dspark->config().sts_temperatures;
+      !sts.empty() && m.dspark->has_confidence_head()) {
+    // Only the verify scheduler reads them (--spec-scheduler).
+    drafter->set_sts_temperatures(sts);
+    pruning += "; STS temperatures for the verify scheduler";
+  }
   m.draft_source = std::move(drafter);
   if (!quiet) {
     fmt::print(stderr, "drafter: {} from {}; {} ({:.2f} s)\n", m.dspark->description(), dir,

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "engine/lab/calibration.h"
+
 namespace specula::dspark {
 
 DSparkDrafter::DSparkDrafter(gemma4::Gemma4Model& target, DSparkModel& model)
@@ -185,6 +187,24 @@ void DSparkDrafter::set_thresholds(std::vector<float> thresholds) {
   thresholds_ = std::move(thresholds);
 }
 
+void DSparkDrafter::set_sts_temperatures(std::vector<float> temperatures) {
+  const int G = model_.block_size();
+  if (!temperatures.empty() && static_cast<int>(temperatures.size()) != G) {
+    fail("DSpark STS temperatures: {} given, the drafter's block has {} positions",
+         temperatures.size(), G);
+  }
+  for (size_t k = 0; k < temperatures.size(); ++k) {
+    if (!(temperatures[k] > 0.0f) || !std::isfinite(temperatures[k])) {
+      fail("DSpark STS temperature of position {} is {}, expected a finite value > 0", k,
+           temperatures[k]);
+    }
+  }
+  if (!temperatures.empty() && !model_.has_confidence_head()) {
+    fail("DSpark STS temperatures need a confidence head; {} has none", model_.description());
+  }
+  sts_ = std::move(temperatures);
+}
+
 bool DSparkDrafter::prunes() const {
   // Position 0 is never pruned, so thresholds only there change nothing.
   for (size_t k = 1; k < thresholds_.size(); ++k) {
@@ -241,8 +261,9 @@ void DSparkDrafter::draft_confidences(std::span<const DraftRow> rows, std::span<
                   stride, round_steps_);
     // c_k reads draft k − 1 (the Markov features), never draft k.
     for (int k = 0; k < drafted[i]; ++k) {
+      const double ck = c[i * static_cast<size_t>(G) + static_cast<size_t>(k)];
       conf[i * static_cast<size_t>(stride) + static_cast<size_t>(k)] =
-          c[i * static_cast<size_t>(G) + static_cast<size_t>(k)];
+          sts_.empty() ? ck : lab::temperature_scale(ck, sts_[static_cast<size_t>(k)]);
     }
   }
 }

@@ -6,12 +6,16 @@
 // with and without confidence pruning); a flat table never cuts; auto mode
 // schedules only rounds of enough rows; sampled rows run and a seeded batch
 // repeats itself; drafters without confidences are not scheduled; bad
-// options are Errors; SPS(B) profiles on the device. (That scheduled sampled
+// options are Errors; STS temperatures scale the confidences; SPS(B)
+// profiles on the device. (That scheduled sampled
 // rows follow the target's distribution: chain_sampling_test.cpp.)
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "engine/draft/dspark/dspark_drafter.h"
@@ -223,6 +227,54 @@ TEST_F(DSparkSchedulerTest, DraftersWithoutConfidencesAreNotScheduledAndBadOptio
                   {.schedule = {.draft_tokens = 4},
                    .scheduler = {.mode = SchedulerMode::kAuto, .sps = flat(), .auto_min_rows = 0}});
             }).find("auto_min_rows"),
+            std::string::npos);
+}
+
+// The scheduler reads σ(c_k), scaled by the checkpoint's STS temperatures
+// when the drafter has them: σ(logit(c_k) / T_k).
+TEST_F(DSparkSchedulerTest, ConfidencesAreTemperatureScaledWithSts) {
+  auto model = random_model(DSparkLayout::kSpecula, 4, 11);
+  DSparkDrafter drafter(*target_, *model);
+  const auto reqs = requests(3, 21, 8);
+  run(&drafter, reqs, 4, false, {});  // leaves the last round's confidences
+  const std::span<const int> seqs = drafter.round_sequences();
+  ASSERT_FALSE(seqs.empty());
+  std::vector<DraftRow> rows;
+  for (int q : seqs) rows.push_back({.sequence = q});
+  const std::vector<int> drafted(rows.size(), 1);
+  const std::span<const float> raw_f = drafter.last_confidences();
+  const std::vector<float> raw(raw_f.begin(), raw_f.end());
+  std::vector<double> plain(rows.size() * 4), scaled(rows.size() * 4);
+  drafter.draft_confidences(rows, drafted, 4, plain);
+  drafter.set_sts_temperatures({0.5f, 2.0f, 1.0f, 3.0f});
+  drafter.draft_confidences(rows, drafted, 4, scaled);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    EXPECT_EQ(plain[i * 4], raw[i * 4]) << i;
+    const double c = raw[i * 4];
+    EXPECT_NEAR(scaled[i * 4], 1.0 / (1.0 + std::exp(-std::log(c / (1 - c)) / 0.5)), 1e-9) << i;
+  }
+  // dspark.json: calibration.sts_temperatures is read and checked.
+  const std::string dir = std::string(SPECULA_BINARY_DIR) + "/dspark_test_tmp/sts_config";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  nlohmann::json j =
+      nlohmann::json::parse(std::ifstream(testing::golden_dir("dspark") + "/dspark.json"));
+  const int gamma = j["config"]["block_size"].get<int>();
+  j["calibration"]["sts_temperatures"] = std::vector<double>(static_cast<size_t>(gamma), 1.5);
+  std::ofstream(dir + "/dspark.json") << j.dump();
+  EXPECT_EQ(dspark::load_dspark_config(dir).sts_temperatures,
+            std::vector<float>(static_cast<size_t>(gamma), 1.5f));
+  j["calibration"]["sts_temperatures"][1] = -2;
+  std::ofstream(dir + "/dspark.json") << j.dump();
+  const std::string bad = error_of([&] { dspark::load_dspark_config(dir); });
+  EXPECT_NE(bad.find("sts_temperatures"), std::string::npos) << bad;
+  EXPECT_NE(bad.find("dspark.json"), std::string::npos) << bad;
+
+  EXPECT_NE(error_of([&] { drafter.set_sts_temperatures({1.0f}); }).find("block has 4"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              drafter.set_sts_temperatures({1.0f, 0.0f, 1.0f, 1.0f});
+            }).find("position 1 is 0"),
             std::string::npos);
 }
 
