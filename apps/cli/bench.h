@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "apps/cli/setup.h"
+#include "apps/cli/spec_scheduler.h"
 
 namespace specula::cli {
 
@@ -30,7 +31,7 @@ struct BenchArgs {
   std::string random_weights;   // preset name or config.json path
   bool need_tokenizer = false;  // load one even without --prompt-file (serve)
   uint64_t seed = 1234;
-  std::string draft_head = "auto";  // head of a --draft random drafter (auto: as released)
+  std::string draft_head = "auto";   // head of a --draft random drafter (auto: as released)
   std::string draft_dtype = "bf16";  // weights of a --draft random / random-dspark drafter
   // --micro: forward timings against the measured copy bandwidth and matrix peak.
   bool micro = false;
@@ -59,6 +60,10 @@ struct BenchArgs {
   int max_num_seqs = 16;
   int64_t max_batch_tokens = 0;
   double kv_memory = 0;
+  // The verify scheduler: with a mode other than off each speculative row is
+  // measured a second time with it ("spec+sched"), on the same prompts.
+  SchedulerArgs scheduler;
+  speculative::VerifySchedulerOptions scheduler_resolved;  // set by run_bench once loaded
   // Dump a preset's config.json and exit.
   std::string print_preset_config, print_assistant_config;
 };

@@ -69,13 +69,18 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
       int64_t rounds = 0, target_replays = 0;
       std::vector<speculative::DecodeResult> results;  // of the counted run
     };
-    auto measure = [&](Drafter* drafter, int k) {
+    auto measure = [&](Drafter* drafter, int k, bool sched = false) {
       Measured out;
       speculative::Engine engine(
           *m.target, drafter,
           {.schedule = {.draft_tokens = std::max(k, 1)},
            .max_rows = batch,
-           .modes = {.host_rounds = a.host_rounds, .host_sampling = a.host_sampling}});
+           .modes = {.host_rounds = a.host_rounds, .host_sampling = a.host_sampling},
+           .scheduler = sched ? a.scheduler_resolved : speculative::VerifySchedulerOptions{}});
+      if (sched && !a.json) {
+        if (const std::string note = unscheduled_note(a.scheduler, engine, drafter); !note.empty())
+          fmt::print(stderr, "{}\n", note);
+      }
       for (int run = 0; run < 2; ++run) {
         out = {};
         const int64_t target_replays = m.target->graph_replays();
@@ -128,7 +133,32 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
     report("plain", 0, plain_run);
     if (m.draft_source) {
       const char* mode = m.replay ? "replay(sim)" : "speculative";
-      for (int k : a.draft_tokens) report(mode, k, measure(m.draft_source.get(), k));
+      const bool sched = a.scheduler_resolved.mode != speculative::SchedulerMode::kOff;
+      for (int k : a.draft_tokens) {
+        const Measured unscheduled = measure(m.draft_source.get(), k);
+        report(mode, k, unscheduled);
+        if (!sched) continue;
+        // The same rows with the verify scheduler: what it cut, and that
+        // the tokens did not change (greedy rows: never; sampled rows may
+        // differ, in distribution they do not).
+        const Measured scheduled = measure(m.draft_source.get(), k, true);
+        report(m.replay ? "replay+sched" : "spec+sched", k, scheduled);
+        int64_t differ = 0;
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          differ += scheduled.results[i].tokens != unscheduled.results[i].tokens;
+        }
+        const speculative::DecodeStats& s = scheduled.stats;
+        rows.back()["scheduled_cut"] = s.scheduled_cut;
+        rows.back()["scheduled_rounds"] = s.scheduled_rounds;
+        rows.back()["pruned"] = s.pruned;
+        rows.back()["requests_differing_from_unscheduled"] = differ;
+        if (!a.json) {
+          fmt::print(
+              "  scheduler: cut {} drafts ({} verified, {} pruned) in {} row-rounds; {} of "
+              "{} requests differ from the unscheduled run\n",
+              s.scheduled_cut, s.drafted, s.pruned, s.scheduled_rounds, differ, reqs.size());
+        }
+      }
     }
   }
   return rows;

@@ -121,18 +121,24 @@ ServingResult serve(const Workload& w, speculative::Engine& engine) {
 nlohmann::json serving_table(const BenchArgs& a, LoadedModels& m) {
   const Workload w = make_workload(a, m);
   const int rows = a.max_num_seqs;
-  auto options = [&](int k) {
-    return speculative::EngineOptions{.schedule = {.draft_tokens = std::max(k, 1)},
-                                      .max_rows = rows,
-                                      .max_batch_tokens = a.max_batch_tokens,
-                                      .kv_memory = a.kv_memory,
-                                      .max_waiting = a.num_prompts + 1,
-                                      .modes = {}};
+  auto options = [&](int k, bool sched) {
+    return speculative::EngineOptions{
+        .schedule = {.draft_tokens = std::max(k, 1)},
+        .max_rows = rows,
+        .max_batch_tokens = a.max_batch_tokens,
+        .kv_memory = a.kv_memory,
+        .max_waiting = a.num_prompts + 1,
+        .modes = {},
+        .scheduler = sched ? a.scheduler_resolved : speculative::VerifySchedulerOptions{}};
   };
   // Each engine first serves a warm-up of the first `rows` requests at once
   // (it records the step graphs of the common shapes), then the workload.
-  auto run = [&](Drafter* drafter, int k) {
-    speculative::Engine engine(*m.target, drafter, options(k));
+  auto run = [&](Drafter* drafter, int k, bool sched = false) {
+    speculative::Engine engine(*m.target, drafter, options(k, sched));
+    if (sched && !a.json) {
+      if (const std::string note = unscheduled_note(a.scheduler, engine, drafter); !note.empty())
+        fmt::print(stderr, "{}\n", note);
+    }
     Workload warm;
     for (int i = 0; i < std::min(rows, a.num_prompts); ++i) {
       warm.requests.push_back(w.requests[static_cast<size_t>(i)]);
@@ -206,6 +212,21 @@ nlohmann::json serving_table(const BenchArgs& a, LoadedModels& m) {
       if (differ > 0 && !a.json) {
         fmt::print("  note: {} of {} requests differ from the plain run\n", differ,
                    r.tokens.size());
+      }
+      if (a.scheduler_resolved.mode == speculative::SchedulerMode::kOff) continue;
+      const ServingResult rs = run(m.draft_source.get(), k, true);
+      report(m.replay ? "replay+sched" : "spec+sched", k, rs);
+      int64_t differ_s = 0;
+      for (size_t i = 0; i < rs.tokens.size(); ++i) differ_s += rs.tokens[i] != plain.tokens[i];
+      out.back()["requests_differing_from_plain"] = differ_s;
+      out.back()["scheduled_cut"] = rs.stats.scheduled_cut;
+      out.back()["scheduled_rounds"] = rs.stats.scheduled_rounds;
+      if (!a.json) {
+        fmt::print(
+            "  scheduler: cut {} drafts ({} verified) in {} row-rounds; {} of {} requests "
+            "differ from the plain run\n",
+            rs.stats.scheduled_cut, rs.stats.drafted, rs.stats.scheduled_rounds, differ_s,
+            rs.tokens.size());
       }
     }
   }

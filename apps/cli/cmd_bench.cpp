@@ -54,6 +54,7 @@ void run_bench(BenchArgs a) {
     if (b < 1) fail("--batch values must be >= 1, got {}", b);
   for (int k : a.draft_tokens)
     if (k < 1) fail("--draft-tokens values must be >= 1, got {}", k);
+  check_scheduler_args(a.scheduler);
   if (a.prompt_tokens < 1) fail("--prompt-tokens must be >= 1, got {}", a.prompt_tokens);
   if (a.gen_tokens < 1) fail("--gen-tokens must be >= 1, got {}", a.gen_tokens);
   {
@@ -110,6 +111,13 @@ void run_bench(BenchArgs a) {
         fail("--draft-tokens {}: the drafter drafts at most {} tokens per round (its block size)",
              k, block);
     }
+  }
+  if (m.draft_source && !a.micro &&
+      parse_scheduler_mode(a.scheduler.mode) != speculative::SchedulerMode::kOff) {
+    const int max_rows =
+        a.serving ? a.max_num_seqs : *std::max_element(a.batches.begin(), a.batches.end());
+    const int max_k = *std::max_element(a.draft_tokens.begin(), a.draft_tokens.end());
+    a.scheduler_resolved = scheduler_options(a.scheduler, *m.target, max_rows, max_k, a.json);
   }
   if (a.serving) {
     const nlohmann::json rows = serving_table(a, m);
@@ -188,6 +196,7 @@ void register_bench(CLI::App& app) {
       "Measure plain vs speculative decoding (tokens/s, tau, acceptance); with --micro, time "
       "model forwards against the measured copy bandwidth and matrix peak");
   add_model_options(cmd, args->model, /*with_draft=*/true);
+  add_scheduler_options(cmd, args->scheduler);
   cmd->add_option("--prompt-file", args->prompt_file,
                   "Text file to cut prompts from (default: random token ids)");
   cmd->add_option("--prompt-tokens", args->prompt_tokens, "Tokens per prompt")

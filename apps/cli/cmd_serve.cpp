@@ -14,6 +14,7 @@
 #include "apps/cli/bench.h"
 #include "apps/cli/commands.h"
 #include "apps/cli/setup.h"
+#include "apps/cli/spec_scheduler.h"
 #include "engine/chat/chat_template_check.h"
 #include "engine/core/error.h"
 #include "engine/speculative/engine.h"
@@ -45,9 +46,11 @@ struct ServeArgs {
   // Benchmarking: a random-weight model of a released shape (needs --tokenizer).
   std::string random_weights;
   uint64_t seed = 1234;
+  SchedulerArgs scheduler;  // --spec-scheduler and the SPS table
 };
 
 void check_args(const ServeArgs& a) {
+  check_scheduler_args(a.scheduler);
   if (a.port < 0 || a.port > 65535) fail("--port: {} is not a TCP port (0..65535)", a.port);
   if (a.max_num_seqs < 1 || a.max_num_seqs > 4096)
     fail("--max-num-seqs: {} is out of range (1..4096)", a.max_num_seqs);
@@ -102,7 +105,16 @@ void run_serve(ServeArgs& args) {
   eo.max_batch_tokens = args.max_num_batched_tokens;
   eo.kv_memory = args.kv_memory;
   eo.max_waiting = args.max_num_seqs * 128 + args.max_queue;  // the service bounds it first
+  if (m.draft_source) {
+    const int max_k =
+        std::max(eo.schedule.draft_tokens, eo.schedule.adaptive ? eo.schedule.max_draft_tokens : 0);
+    eo.scheduler = scheduler_options(args.scheduler, *m.target, eo.max_rows, max_k, false);
+  }
   speculative::Engine engine(*m.target, m.draft_source.get(), eo);
+  if (const std::string note = unscheduled_note(args.scheduler, engine, m.draft_source.get());
+      !note.empty()) {
+    fmt::print(stderr, "note: {}\n", note);
+  }
 
   server::ServiceOptions so;
   so.model_name = !args.served_model_name.empty() ? args.served_model_name
@@ -199,6 +211,7 @@ void register_serve(CLI::App& app) {
       "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions, /v1/models, "
       "/health, /metrics, and a chat page at /)");
   add_model_options(cmd, args->model, /*with_draft=*/true);
+  add_scheduler_options(cmd, args->scheduler);
   add_draft_options(cmd, args->schedule);
   cmd->add_option("--host", args->host, "Address to listen on (loopback by default)")
       ->capture_default_str();

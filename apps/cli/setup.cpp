@@ -261,7 +261,13 @@ void load_dspark(LoadedModels& m, const std::string& dir, const ModelArgs& args,
   const auto t1 = std::chrono::steady_clock::now();
   m.dspark = dspark::DSparkModel::load(dir, *m.target, m.target->backend(), !args.no_weight_scan);
   auto drafter = std::make_unique<dspark::DSparkDrafter>(*m.target, *m.dspark);
-  const std::string pruning = apply_pruning(*drafter, *m.dspark, args);
+  std::string pruning = apply_pruning(*drafter, *m.dspark, args);
+  if (const std::vector<float>& sts = m.dspark->config().sts_temperatures;
+      !sts.empty() && m.dspark->has_confidence_head()) {
+    // Only the verify scheduler reads them (--spec-scheduler).
+    drafter->set_sts_temperatures(sts);
+    pruning += "; STS temperatures for the verify scheduler";
+  }
   m.draft_source = std::move(drafter);
   if (!quiet) {
     fmt::print(stderr, "drafter: {} from {}; {} ({:.2f} s)\n", m.dspark->description(), dir,
@@ -288,6 +294,7 @@ std::string summary_line(const speculative::DecodeStats& s, bool speculative) {
     line += fmt::format(" | drafted {}, accepted {} ({:.1f}%), tau {:.2f}", s.drafted, s.accepted,
                         100.0 * s.acceptance_rate(), s.mean_accepted_length());
     if (s.pruned > 0) line += fmt::format(", pruned {}", s.pruned);
+    if (s.scheduled_cut > 0) line += fmt::format(", scheduler cut {}", s.scheduled_cut);
   }
   return line;
 }
@@ -306,6 +313,7 @@ nlohmann::json stats_json(const speculative::DecodeStats& s, bool speculative) {
     j["drafted"] = s.drafted;
     j["accepted"] = s.accepted;
     j["pruned"] = s.pruned;
+    j["scheduled_cut"] = s.scheduled_cut;
     j["acceptance_rate"] = s.acceptance_rate();
     j["mean_accepted_length"] = s.mean_accepted_length();
     nlohmann::json by_pos = nlohmann::json::array();

@@ -24,4 +24,10 @@ void Drafter::draft_lengths(std::span<const DraftRow> /*rows*/, std::span<const 
   std::copy(drafted.begin(), drafted.end(), keep.begin());
 }
 
+void Drafter::draft_confidences(std::span<const DraftRow> /*rows*/,
+                                std::span<const int> /*drafted*/, int /*stride*/,
+                                std::span<double> /*conf*/) {
+  fail("this drafter gives no draft confidences (has_confidences() is false)");
+}
+
 }  // namespace specula

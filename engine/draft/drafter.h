@@ -107,6 +107,22 @@ class Drafter {
   // all.
   virtual void draft_lengths(std::span<const DraftRow> rows, std::span<const int> drafted,
                              std::span<int> keep);
+  // Whether draft_confidences() is implemented (DSpark's confidence head):
+  // what the engine's verify scheduler (EngineOptions::scheduler) needs.
+  // Drafters without it are never scheduled. Default: no.
+  virtual bool has_confidences() const { return false; }
+  // Called when has_confidences() and the engine schedules the round, after
+  // its last draft step (and after draft_lengths when prunes()): `rows` and
+  // `drafted` as for draft_lengths (drafted[i] may be the pruned count). The
+  // drafter writes conf[i * stride + j] for j < drafted[i]: c_{i,j} in [0, 1],
+  // its estimate that draft j of row i survives verification given that
+  // drafts 0 .. j-1 do; it may depend on drafts before j but not on draft j
+  // or later ones (DSpark: c_j reads draft j-1), which with the scheduler's
+  // early break keeps sampled rows exact. conf holds rows.size() * stride
+  // values, stride >= every drafted[i]. It may read back from its device once
+  // per round (shared with draft_lengths). Default: an Error.
+  virtual void draft_confidences(std::span<const DraftRow> rows, std::span<const int> drafted,
+                                 int stride, std::span<double> conf);
 };
 
 }  // namespace specula

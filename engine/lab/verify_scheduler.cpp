@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -157,6 +158,20 @@ std::string SpsTable::describe() const {
                        1000.0 / p.steps_per_sec, p.steps_per_sec * static_cast<double>(p.tokens));
   }
   return out;
+}
+
+std::optional<SpsTable> load_sps_cache(const std::string& path, const std::string& device,
+                                       const std::string& model, int64_t max_tokens) {
+  if (!std::filesystem::exists(path)) return std::nullopt;
+  SpsTable t = SpsTable::load(path);
+  if (t.device() != device || t.model() != model) {
+    fail(
+        "SPS cache {}: profiled on device \"{}\" for model \"{}\", but this run is device "
+        "\"{}\" with model \"{}\"; remove the file or give another --sps-cache",
+        path, t.device(), t.model(), device, model);
+  }
+  if (t.points().back().tokens < max_tokens) return std::nullopt;
+  return t;
 }
 
 const PrefixSchedule& VerifyScheduler::schedule(std::span<const double> confidences, int stride,

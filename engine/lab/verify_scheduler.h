@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -67,6 +68,16 @@ class SpsTable {
   std::string device_;
   std::string model_;
 };
+
+// A cached table: the one at `path` when it was profiled for `device` and
+// `model` (SpsTable::device / model, compared exactly) and reaches
+// `max_tokens`; nullopt when there is no file or it reaches fewer tokens
+// (the caller profiles again and overwrites it). A table made for another
+// device or model is refused: an Error names the file and both identities
+// (so that a cache is never reused on the wrong machine, nor silently
+// overwritten). A malformed file is an Error naming it.
+std::optional<SpsTable> load_sps_cache(const std::string& path, const std::string& device,
+                                       const std::string& model, int64_t max_tokens);
 
 // The scheduler's answer.
 struct PrefixSchedule {

@@ -15,6 +15,8 @@ void DecodeStats::merge(const DecodeStats& o) {
   drafted += o.drafted;
   accepted += o.accepted;
   pruned += o.pruned;
+  scheduled_cut += o.scheduled_cut;
+  scheduled_rounds += o.scheduled_rounds;
   if (drafted_at.size() < o.drafted_at.size()) drafted_at.resize(o.drafted_at.size());
   if (accepted_at.size() < o.accepted_at.size()) accepted_at.resize(o.accepted_at.size());
   for (size_t i = 0; i < o.drafted_at.size(); ++i) drafted_at[i] += o.drafted_at[i];

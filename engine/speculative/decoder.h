@@ -97,6 +97,10 @@ struct DecodeStats {
   int64_t drafted = 0;
   int64_t accepted = 0;
   int64_t pruned = 0;  // drafts the drafter cut before verification (Drafter::draft_lengths)
+  // Drafts the verify scheduler cut (EngineOptions::scheduler), after pruning,
+  // and the rounds it cut at least one of this request's drafts in.
+  int64_t scheduled_cut = 0;
+  int64_t scheduled_rounds = 0;
   std::vector<int64_t> drafted_at, accepted_at;  // per draft position (0 = first draft)
   std::vector<int32_t> round_drafted,
       round_accepted;  // per verify round, in order (one request only)

@@ -63,6 +63,20 @@ void Engine::State::configure() {
            max_k, target.kv_spec().max_rollback - 1);
     }
   }
+  const VerifySchedulerOptions& so = o.scheduler;
+  if (so.mode != SchedulerMode::kOff) {
+    if (!so.sps || so.sps->empty()) fail("the verify scheduler is on but has no SPS table");
+    if (so.auto_min_rows < 1) {
+      fail("the verify scheduler's auto_min_rows must be >= 1, got {}", so.auto_min_rows);
+    }
+  }
+  scheduling = so.mode != SchedulerMode::kOff && drafter != nullptr &&
+               !drafter->proposes_tokens() && drafter->has_confidences();
+  if (scheduling) {
+    sched_conf.reserve(static_cast<size_t>(o.max_rows) * static_cast<size_t>(max_k));
+    sched_all_conf.reserve(static_cast<size_t>(o.max_rows) * static_cast<size_t>(max_k));
+    sched_lengths.reserve(static_cast<size_t>(o.max_rows));
+  }
   device_drafter = drafter == nullptr || (drafter->takes_device_inputs() && !o.modes.host_rounds);
   needs_hidden = drafter != nullptr && !drafter->proposes_tokens();
   if (drafter) {
@@ -753,16 +767,21 @@ void Engine::State::run_round() {
   for (Row* r : active) round_k = std::max(round_k, r->k_round);
   if (m.use_dev) device_rounds(m, active);
   prepare_round_hiddens(m.use_dev);
-  // A pruning drafter cuts the drafts before the window is planned: device
-  // rounds then upload their plan in two parts, around the draft steps.
+  // A pruning drafter, and the verify scheduler, cut the drafts before the
+  // window is planned: device rounds then upload their plan in two parts,
+  // around the draft steps. The scheduler runs after pruning, over what it
+  // kept, so the verified length is the min of both.
   const bool prune = round_k > 0 && drafter->prunes() && !drafter->proposes_tokens();
+  const bool sched = schedule_round(round_k);
+  const bool cut = prune || sched;
   if (m.use_dev) {
     plan_draft_steps(round_k);
-    if (!prune) plan_window();
-    upload_plan(prune ? PlanPart::kDraftSteps : PlanPart::kWhole);
+    if (!cut) plan_window();
+    upload_plan(cut ? PlanPart::kDraftSteps : PlanPart::kWhole);
     draft_on_device(round_k);
-    if (prune) {
-      prune_drafts(/*dev_round=*/true);
+    if (cut) {
+      if (prune) prune_drafts(/*dev_round=*/true);
+      if (sched) schedule_drafts(/*dev_round=*/true);
       plan_window();
       upload_plan(PlanPart::kWindow);
     }
@@ -770,6 +789,7 @@ void Engine::State::run_round() {
     draw_round_uniforms(/*window=*/false);
     if (drafter && !drafter->proposes_tokens()) draft_on_host(m);
     if (prune) prune_drafts(/*dev_round=*/false);
+    if (sched) schedule_drafts(/*dev_round=*/false);
     draw_round_uniforms(/*window=*/true);
   }
   accept(verify(m), m);
@@ -866,6 +886,10 @@ KvPoolInfo Engine::kv_pool() const {
 
 int Engine::max_draft_tokens() const {
   return state_->max_k;
+}
+
+bool Engine::schedules() const {
+  return state_->scheduling;
 }
 
 }  // namespace specula::speculative

@@ -39,10 +39,35 @@
 #include <vector>
 
 #include "engine/draft/drafter.h"
+#include "engine/lab/verify_scheduler.h"
 #include "engine/model/gemma4/gemma4.h"
 #include "engine/speculative/decoder.h"
 
 namespace specula::speculative {
+
+// The verify scheduler (DSpark's Alg. 1, engine/lab/verify_scheduler.h):
+// after a round's drafts (and any confidence pruning), it verifies of each
+// row only the prefix that maximizes the round's expected throughput
+// τ·SPS(B), B the verified tokens of all rows, from the drafter's
+// confidences and a profiled SPS table. It only ever shortens what is
+// verified (the min with pruning), so greedy output cannot change and sampled
+// rows stay exact in distribution (a stopping rule: see the early break in
+// verify_scheduler.h). Unlike everything else in a round, its cuts depend on
+// the other rows, so with it on a seeded sampled request's tokens may depend
+// on what runs beside it (greedy ones never do).
+enum class SchedulerMode {
+  kOff,   // verify what was drafted (after pruning)
+  kOn,    // schedule every round that drafted
+  kAuto,  // schedule rounds of at least auto_min_rows decoding rows
+};
+struct VerifySchedulerOptions {
+  SchedulerMode mode = SchedulerMode::kOff;
+  // SPS(B): required (non-empty) unless mode is kOff.
+  std::shared_ptr<const lab::SpsTable> sps;
+  // kAuto: the fewest decoding rows a scheduled round has (>= 1). At low
+  // load verifying the whole block is as fast as anything (vLLM RFC #48202).
+  int auto_min_rows = 16;
+};
 
 struct EngineOptions {
   // Draft length (k) per round for rows that do not set their own, and the
@@ -69,6 +94,9 @@ struct EngineOptions {
   int max_waiting = 4096;
   // A/B switches of how rounds run (same tokens either way).
   RoundModes modes;
+  // The verify scheduler (off by default). A drafter without confidences
+  // (Drafter::has_confidences) is never scheduled: Engine::schedules() says so.
+  VerifySchedulerOptions scheduler;
 };
 
 // What a submit returns: an id, or why the request was refused.
@@ -134,6 +162,10 @@ class Engine {
 
   KvPoolInfo kv_pool() const;
   int max_draft_tokens() const;
+  // Whether the verify scheduler may cut rounds: its mode is not kOff and the
+  // drafter gives confidences (a mode of on or auto with another drafter is
+  // accepted and does nothing).
+  bool schedules() const;
 
  private:
   struct State;

@@ -260,11 +260,13 @@ void Engine::State::draw_round_uniforms(bool window) {
   }
 }
 
-void Engine::State::prune_drafts(bool dev_round) {
+void Engine::State::collect_drafting_rows(bool dev_round) {
   prune_rows.clear();
   prune_owner.clear();
   prune_drafted.clear();
   for (Row* r : active) {
+    // Rows that ran step 0 (pruning keeps at least one draft of those, so a
+    // scheduler after it sees the same rows).
     if (r->k_round == 0) continue;
     // As step 0 got the row.
     prune_rows.push_back({.sequence = static_cast<int>(r->slot),
@@ -276,6 +278,10 @@ void Engine::State::prune_drafts(bool dev_round) {
     prune_owner.push_back(r);
     prune_drafted.push_back(r->k_round);
   }
+}
+
+void Engine::State::prune_drafts(bool dev_round) {
+  collect_drafting_rows(dev_round);
   if (prune_rows.empty()) return;
   prune_keep.assign(prune_rows.size(), -1);
   drafter->draft_lengths(prune_rows, prune_drafted, prune_keep);
@@ -295,6 +301,49 @@ void Engine::State::prune_drafts(bool dev_round) {
     r.k_round = keep;
     // Host rounds hold the drafts; device rounds verify the first k_round of
     // what lies in `ids` (plan_window).
+    if (r.drafts.size() > static_cast<size_t>(keep)) r.drafts.resize(static_cast<size_t>(keep));
+  }
+}
+
+bool Engine::State::schedule_round(int round_k) const {
+  if (!scheduling || round_k == 0) return false;
+  const VerifySchedulerOptions& o = options.scheduler;
+  return o.mode == SchedulerMode::kOn ||
+         (o.mode == SchedulerMode::kAuto && static_cast<int>(active.size()) >= o.auto_min_rows);
+}
+
+void Engine::State::schedule_drafts(bool dev_round) {
+  collect_drafting_rows(dev_round);
+  if (prune_rows.empty()) return;
+  const auto mk = static_cast<size_t>(max_k);
+  sched_conf.assign(prune_rows.size() * mk, 0.0);
+  drafter->draft_confidences(prune_rows, prune_drafted, max_k, sched_conf);
+  // Every active row takes part: rows that drafted nothing still verify their
+  // pending token (B counts it).
+  sched_all_conf.assign(active.size() * mk, 0.0);
+  sched_lengths.assign(active.size(), 0);
+  for (size_t a = 0, i = 0; a < active.size(); ++a) {
+    if (i < prune_owner.size() && prune_owner[i] == active[a]) {
+      std::copy_n(sched_conf.begin() + static_cast<std::ptrdiff_t>(i * mk), prune_drafted[i],
+                  sched_all_conf.begin() + static_cast<std::ptrdiff_t>(a * mk));
+      sched_lengths[a] = prune_drafted[i];
+      ++i;
+    }
+  }
+  const lab::PrefixSchedule& plan =
+      scheduler.schedule(sched_all_conf, max_k, sched_lengths, *options.scheduler.sps);
+  for (size_t a = 0; a < active.size(); ++a) {
+    Row& r = *active[a];
+    const int keep = plan.lengths[a];
+    SPECULA_CHECK(keep >= 0 && keep <= r.k_round, "the scheduler kept {} of {} drafts", keep,
+                  r.k_round);
+    if (keep == r.k_round) continue;
+    r.result.stats.scheduled_cut += r.k_round - keep;
+    ++r.result.stats.scheduled_rounds;
+    r.k_round = keep;
+    // Host rounds hold the drafts; device rounds verify the first k_round of
+    // what lies in `ids` (plan_window). A row may keep none: its window is
+    // its pending token alone.
     if (r.drafts.size() > static_cast<size_t>(keep)) r.drafts.resize(static_cast<size_t>(keep));
   }
 }

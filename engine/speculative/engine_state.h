@@ -149,6 +149,13 @@ struct Engine::State {
   std::vector<DraftRow> prune_rows;
   std::vector<Row*> prune_owner;
   std::vector<int> prune_drafted, prune_keep;
+  // Verify scheduler (EngineOptions::scheduler): whether it may run
+  // (configure), and its scratch: the drafting rows' confidences, every
+  // active row's draft count, stride max_k.
+  bool scheduling = false;
+  lab::VerifyScheduler scheduler;
+  std::vector<double> sched_conf, sched_all_conf;
+  std::vector<int> sched_lengths;
   std::vector<uint8_t> step_gathered;
   std::vector<Row*> prefill_rows;
   std::vector<int64_t> prefill_take;
@@ -229,6 +236,16 @@ struct Engine::State {
   // drafts to verify, checks the answer, and cuts k_round (and, on the host,
   // the drafts) to it.
   void prune_drafts(bool dev_round);
+  // prune_rows / prune_owner / prune_drafted: the round's step-0 rows (those
+  // that drafted), as step 0 got them, and their current draft counts.
+  void collect_drafting_rows(bool dev_round);
+  // Whether this round is scheduled (scheduling, something drafted, and in
+  // auto mode enough rows).
+  bool schedule_round(int round_k) const;
+  // The verify scheduler: asks the drafter for the drafting rows'
+  // confidences, runs Alg. 1 over every active row and cuts k_round (and,
+  // on the host, the drafts) to its lengths.
+  void schedule_drafts(bool dev_round);
   // Options of a target forward of M tokens with the drafter's taps.
   void add_taps(gemma4::ForwardOptions& options, int64_t M);
   // Tells the drafter what a prefill forward committed (State::committed).

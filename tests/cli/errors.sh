@@ -157,5 +157,27 @@ expect_error serve-port-in-use "127.0.0.1:${port:-unknown}" "$specula" serve --p
 kill $holder 2>/dev/null
 wait $holder 2>/dev/null
 
+# The verify scheduler's flags (bench, serve) and a cached SPS table of another device.
+expect_error bad-spec-scheduler "--spec-scheduler must be off, on or auto, got 'sometimes'" \
+  "$specula" bench --model "$fixture" --spec-scheduler sometimes
+expect_error serve-bad-spec-scheduler "--spec-scheduler must be off, on or auto, got 'yes'" \
+  "$specula" serve --spec-scheduler yes
+expect_error bad-spec-scheduler-min-rows "--spec-scheduler-min-rows must be >= 1, got 0" \
+  "$specula" bench --model "$fixture" --spec-scheduler auto --spec-scheduler-min-rows 0
+expect_error bad-sps-reps "--sps-reps must be in [1, 1000], got 0" \
+  "$specula" bench --model "$fixture" --spec-scheduler on --sps-reps 0
+cat >"$tmp/sps_other.json" <<'JSON'
+{"kind": "specula-sps-table", "version": 1, "device": "cuda cuda:0, 139.8 GiB, NVIDIA H200",
+ "model": "gemma4 0000000000000000 (1 weight bytes)", "points": [{"tokens": 1, "steps_per_sec": 100}]}
+JSON
+expect_error sps-cache-other-device "profiled on device \"cuda cuda:0, 139.8 GiB, NVIDIA H200\"" \
+  "$specula" bench --model "$fixture" --draft "$src/tests/golden/dspark" --spec-scheduler on \
+  --sps-cache "$tmp/sps_other.json" --batch 2 --gen-tokens 2 --prompt-tokens 4
+echo '{"kind": "specula-sps-table", "version": 1, "points": [{"tokens": 0, "steps_per_sec": 1}]}' \
+  >"$tmp/sps_bad.json"
+expect_error sps-cache-malformed "sps_bad.json" \
+  "$specula" bench --model "$fixture" --draft "$src/tests/golden/dspark" --spec-scheduler on \
+  --sps-cache "$tmp/sps_bad.json" --batch 2 --gen-tokens 2 --prompt-tokens 4
+
 echo "cli errors: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -187,6 +187,16 @@ DSparkConfig parse_specula_dspark_config(const json& root, const std::string& fi
         c.thresholds.push_back(v.get<float>());
       }
     }
+    if (const json* st = cal.find("sts_temperatures")) {
+      if (!st->is_array() || st->size() != static_cast<size_t>(c.block_size))
+        cal.bad("sts_temperatures",
+                fmt::format("must be a list of {} numbers", c.block_size).c_str(), *st);
+      for (const json& v : *st) {
+        if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>()))
+          cal.bad("sts_temperatures", "must hold finite numbers > 0", *st);
+        c.sts_temperatures.push_back(v.get<float>());
+      }
+    }
     c.calibration_target = cal.get_double("target", 0.0);
     const json* s = cal.find("samples");
     if (s != nullptr && !s->is_number_integer()) cal.bad("samples", "must be an integer", *s);
@@ -315,6 +325,7 @@ json specula_dspark_json(const DSparkConfig& c) {
                         {"target", c.calibration_target},
                         {"samples", c.calibration_samples}};
   }
+  if (!c.sts_temperatures.empty()) j["calibration"]["sts_temperatures"] = c.sts_temperatures;
   return j;
 }
 

@@ -44,6 +44,9 @@ struct DSparkConfig {
   int ffn_mult = 2;
   DSparkTargetId target;
   std::vector<float> thresholds;  // calibration.thresholds (γ values) or empty
+  // calibration.sts_temperatures (γ values > 0, the STS fit) or empty: the
+  // verify scheduler reads σ(logit(c_k) / T_k); pruning ignores them.
+  std::vector<float> sts_temperatures;
   double calibration_target = 0;
   int64_t calibration_samples = 0;
 

@@ -1,8 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "engine/draft/dspark/dspark_drafter.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+
+#include "engine/lab/calibration.h"
 
 namespace specula::dspark {
 
@@ -118,6 +121,7 @@ Tensor DSparkDrafter::draft_step(int step_index, std::span<const DraftRow> rows,
     }
   }
   round_steps_ = step_index + 1;
+  conf_read_ = false;
 
   const int64_t B0 = static_cast<int64_t>(round_sequences_.size());
   if (B0 > cap_) {
@@ -148,6 +152,7 @@ Tensor DSparkDrafter::draft_step(int step_index, std::span<const DraftRow> rows,
 
 std::span<const float> DSparkDrafter::last_confidences() {
   if (!model_.has_confidence_head() || round_steps_ == 0) return {};
+  if (conf_read_) return conf_out_;
   const int G = model_.block_size();
   conf_raw_.resize(static_cast<size_t>(G * cap_));
   backend_.download(confidences_.view(DType::kF32, {G * cap_}), conf_raw_.data());
@@ -160,6 +165,7 @@ std::span<const float> DSparkDrafter::last_confidences() {
       conf_out_[static_cast<size_t>(slots[i]) * G + k] = 1.0f / (1.0f + std::exp(-c));
     }
   }
+  conf_read_ = true;
   return conf_out_;
 }
 
@@ -179,6 +185,24 @@ void DSparkDrafter::set_thresholds(std::vector<float> thresholds) {
     fail("DSpark pruning needs a confidence head; {} has none", model_.description());
   }
   thresholds_ = std::move(thresholds);
+}
+
+void DSparkDrafter::set_sts_temperatures(std::vector<float> temperatures) {
+  const int G = model_.block_size();
+  if (!temperatures.empty() && static_cast<int>(temperatures.size()) != G) {
+    fail("DSpark STS temperatures: {} given, the drafter's block has {} positions",
+         temperatures.size(), G);
+  }
+  for (size_t k = 0; k < temperatures.size(); ++k) {
+    if (!(temperatures[k] > 0.0f) || !std::isfinite(temperatures[k])) {
+      fail("DSpark STS temperature of position {} is {}, expected a finite value > 0", k,
+           temperatures[k]);
+    }
+  }
+  if (!temperatures.empty() && !model_.has_confidence_head()) {
+    fail("DSpark STS temperatures need a confidence head; {} has none", model_.description());
+  }
+  sts_ = std::move(temperatures);
 }
 
 bool DSparkDrafter::prunes() const {
@@ -212,6 +236,35 @@ void DSparkDrafter::draft_lengths(std::span<const DraftRow> rows, std::span<cons
       }
     }
     keep[i] = n;
+  }
+}
+
+void DSparkDrafter::draft_confidences(std::span<const DraftRow> rows, std::span<const int> drafted,
+                                      int stride, std::span<double> conf) {
+  if (!model_.has_confidence_head()) {
+    fail("DSpark draft confidences need a confidence head; {} has none", model_.description());
+  }
+  const std::span<const float> c = last_confidences();
+  const int G = model_.block_size();
+  SPECULA_CHECK(rows.size() == round_sequences_.size() && drafted.size() == rows.size(),
+                "draft_confidences for {} rows, the round's step 0 had {}", rows.size(),
+                round_sequences_.size());
+  SPECULA_CHECK(conf.size() >= rows.size() * static_cast<size_t>(stride),
+                "draft_confidences: {} values for {} rows of stride {}", conf.size(), rows.size(),
+                stride);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    SPECULA_CHECK(rows[i].sequence == round_sequences_[i],
+                  "draft_confidences row {} is sequence {}, step 0's was {}", i, rows[i].sequence,
+                  round_sequences_[i]);
+    SPECULA_CHECK(drafted[i] >= 0 && drafted[i] <= std::min(stride, round_steps_),
+                  "draft_confidences row {}: {} drafts (stride {}, {} steps ran)", i, drafted[i],
+                  stride, round_steps_);
+    // c_k reads draft k − 1 (the Markov features), never draft k.
+    for (int k = 0; k < drafted[i]; ++k) {
+      const double ck = c[i * static_cast<size_t>(G) + static_cast<size_t>(k)];
+      conf[i * static_cast<size_t>(stride) + static_cast<size_t>(k)] =
+          sts_.empty() ? ck : lab::temperature_scale(ck, sts_[static_cast<size_t>(k)]);
+    }
   }
 }
 

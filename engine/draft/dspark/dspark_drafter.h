@@ -55,8 +55,9 @@ class DSparkDrafter : public Drafter {
   int round_steps() const { return round_steps_; }
   // The last round's confidences σ(c_k), f32 [B0 · γ] row-major (row b: step 0's
   // row b, column k: draft position k), NaN where a row did not run step k.
-  // One readback (the pruning hook's only cost); empty when the drafter has no
-  // confidence head or no round ran. Valid until the next call.
+  // One readback per round (the pruning hook's only cost; later calls in the
+  // same round reuse it); empty when the drafter has no confidence head or no
+  // round ran. Valid until the next draft step.
   std::span<const float> last_confidences();
 
   // Confidence pruning (docs/dspark.md): per-position thresholds, γ values in
@@ -69,6 +70,17 @@ class DSparkDrafter : public Drafter {
   // confidence is below its threshold (else all it drafted). One readback.
   void draft_lengths(std::span<const DraftRow> rows, std::span<const int> drafted,
                      std::span<int> keep) override;
+  // STS temperatures for draft_confidences (γ values, finite and > 0), or
+  // empty for none. Throws on a wrong count or value, or a drafter without a
+  // confidence head.
+  void set_sts_temperatures(std::vector<float> temperatures);
+  const std::vector<float>& sts_temperatures() const { return sts_; }
+  // With a confidence head: the round's confidences σ(c_k) for the verify
+  // scheduler (the same readback as draft_lengths: one per round), scaled by
+  // the STS temperatures when set: σ(logit(c_k) / T_k) (lab::temperature_scale).
+  bool has_confidences() const override { return model_.has_confidence_head(); }
+  void draft_confidences(std::span<const DraftRow> rows, std::span<const int> drafted, int stride,
+                         std::span<double> conf) override;
 
  private:
   Tensor draft_step(int step_index, std::span<const DraftRow> rows, const Tensor* device_tokens);
@@ -89,7 +101,9 @@ class DSparkDrafter : public Drafter {
   int64_t cap_ = 0;
   std::vector<int32_t> host_tokens_;
   std::vector<float> thresholds_;           // empty: no pruning
+  std::vector<float> sts_;                  // empty: raw confidences for the scheduler
   std::vector<float> conf_raw_, conf_out_;  // last_confidences() staging, reused
+  bool conf_read_ = false;                  // conf_out_ holds this round's confidences
 };
 
 }  // namespace specula::dspark

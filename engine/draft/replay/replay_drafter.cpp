@@ -60,16 +60,33 @@ void ReplayDrafter::add_reference(std::vector<int32_t> sequence) {
   references_[key] = std::move(sequence);
 }
 
+double ReplayDrafter::keep_probability(int step_index) const {
+  // Kept with probability a_s / a_{s-1}; past the profile, its last ratio.
+  const size_t s = std::min(static_cast<size_t>(step_index), profile_.size() - 1);
+  const double before = s == 0 ? 1.0 : profile_[s - 1];
+  return std::min(1.0, profile_[s] / before);
+}
+
+void ReplayDrafter::draft_confidences(std::span<const DraftRow> rows, std::span<const int> drafted,
+                                      int stride, std::span<double> conf) {
+  SPECULA_CHECK(drafted.size() == rows.size() &&
+                    conf.size() >= rows.size() * static_cast<size_t>(std::max(stride, 0)),
+                "replay draft_confidences: {} rows, {} counts, {} values of stride {}", rows.size(),
+                drafted.size(), conf.size(), stride);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (int j = 0; j < drafted[i]; ++j) {
+      conf[i * static_cast<size_t>(stride) + static_cast<size_t>(j)] = keep_probability(j);
+    }
+  }
+}
+
 int32_t ReplayDrafter::proposal(int step_index, const DraftRow& row) const {
   const int64_t V = vocab_size();
   const int64_t target_at = static_cast<int64_t>(row.history.size()) + step_index;
   const auto it = references_.find(key_of(row.history));
   const bool known = it != references_.end() && target_at < static_cast<int64_t>(it->second.size());
   const int32_t right = known ? it->second[static_cast<size_t>(target_at)] : 0;
-  // Kept with probability a_s / a_{s-1}; past the profile, its last ratio.
-  const size_t s = std::min(static_cast<size_t>(step_index), profile_.size() - 1);
-  const double before = s == 0 ? 1.0 : profile_[s - 1];
-  const double keep = std::min(1.0, profile_[s] / before);
+  const double keep = keep_probability(step_index);
   const uint64_t draw =
       mix(seed_ ^ mix(it != references_.end() ? it->first : 0) ^
           mix(static_cast<uint64_t>(target_at) * 131 + static_cast<uint64_t>(step_index)));

@@ -46,6 +46,15 @@ class ReplayDrafter final : public Drafter {
   Tensor step_on_device(int step_index, std::span<const DraftRow> rows,
                         const DraftDeviceInputs& inputs) override;
   const std::vector<double>& profile() const { return profile_; }
+  // Confidences for the verify scheduler: the profile's conditional keep
+  // rates a_s / a_{s-1}, the same for every row (a perfectly calibrated
+  // drafter that knows nothing of the row), exact for greedy rows whose
+  // reference is known.
+  bool has_confidences() const override { return true; }
+  void draft_confidences(std::span<const DraftRow> rows, std::span<const int> drafted, int stride,
+                         std::span<double> conf) override;
+  // a_s / a_{s-1} (past the profile: its last ratio), at most 1.
+  double keep_probability(int step_index) const;
 
  private:
   // The token step `step_index` proposes for `row`.

@@ -30,7 +30,7 @@
 // given its prefix it too must follow p. (Accepted drafts and residual samples
 // on their own follow other laws; only their union with the rest is p.)
 //
-// The models: the e2b_like fixture (vocabulary 128) and seven drafters, as the
+// The models: the e2b_like fixture (vocabulary 128) and eight drafter setups, as the
 // embedded family costs ~25 times more per token and the test must stay
 // within a few seconds on one core:
 //   - its assistant (takes device inputs, so its rows sample with the
@@ -53,6 +53,10 @@
 //     position; c_k reads draft k-1, a stopping rule). Random weights: accepted
 //     ~1% of the time, so this covers its proposals' q and the pruned windows'
 //     residuals and bonus tokens, not long accepted chains (close does that).
+//   - "dspark+sched": the same DSpark drafter unpruned with the verify
+//     scheduler on (EngineOptions::scheduler, Alg. 1 over all 400 rows of a
+//     round, a synthetic SPS table that makes it cut): windows cut by a
+//     stopping rule that depends on the other rows too.
 // Each drafter runs 100 rows per (k, row type): top-k 8 and top-p 0.8 rows at
 // temperature 0.8, 16 tokens each.
 //
@@ -88,6 +92,7 @@
 #include "engine/draft/dspark/dspark_drafter.h"
 #include "engine/sampling/sampler.h"
 #include "engine/speculative/decoder.h"
+#include "engine/speculative/engine.h"
 #include "tests/unit/dspark/dspark_test_util.h"
 #include "tests/unit/model/golden_util.h"
 #include "tests/unit/speculative/pruning_drafter.h"
@@ -279,7 +284,14 @@ TEST(SpeculativeChains, EveryPositionFollowsTheTarget) {
     const char* name;
     Drafter* drafter;
     bool pruned;
+    bool scheduled = false;  // with the verify scheduler (EngineOptions::scheduler)
   };
+  // The verify scheduler's cost table for "dspark+sched": a step costs 20 ms
+  // plus 0.01 ms a token, so at the ~400-1000 tokens of these rounds a draft
+  // is verified only when its survival is above ~0.2 of τ/B: real cuts, by
+  // Alg. 1's stopping rule, and real verified drafts.
+  const auto sps = std::make_shared<const lab::SpsTable>(
+      std::vector<lab::SpsPoint>{{1, 1000.0 / 20.01}, {4096, 1000.0 / 60.96}}, "test", "test");
   SamplingWorkspace ws(V);
   int64_t all_bonus = 0, impossible = 0;
   double worst_logprob_diff = 0;
@@ -287,7 +299,8 @@ TEST(SpeculativeChains, EveryPositionFollowsTheTarget) {
        {Drafted{"assistant", &assistant, false}, Drafted{"close", &close, false},
         Drafted{"sharp", &sharp, false}, Drafted{"assistant+prune", &assistant_pruned, true},
         Drafted{"close+prune", &close_pruned, true}, Drafted{"dspark", &dspark_plain, false},
-        Drafted{"dspark+prune", &dspark_pruned, true}}) {
+        Drafted{"dspark+prune", &dspark_pruned, true},
+        Drafted{"dspark+sched", &dspark_plain, false, true}}) {
     // One engine call: every (k, kind) case's rows, each with its own seed.
     std::vector<DecodeRequest> reqs;
     for (int ki = 0; ki < 2; ++ki) {
@@ -302,14 +315,25 @@ TEST(SpeculativeChains, EveryPositionFollowsTheTarget) {
         }
       }
     }
-    const auto results = speculative::decode(*target, d.drafter, reqs, {.draft_tokens = 8});
+    std::vector<DecodeResult> results;
+    if (d.scheduled) {
+      speculative::Engine engine(
+          *target, d.drafter,
+          {.schedule = {.draft_tokens = 8},
+           .max_rows = static_cast<int>(reqs.size()),
+           .max_waiting = static_cast<int>(reqs.size()),
+           .scheduler = {.mode = speculative::SchedulerMode::kOn, .sps = sps}});
+      results = speculative::decode(engine, reqs);
+    } else {
+      results = speculative::decode(*target, d.drafter, reqs, {.draft_tokens = 8});
+    }
 
     for (int ki = 0; ki < 2; ++ki) {
       for (int kind = 0; kind < 2; ++kind) {
         const SamplingParams& params = *kinds[kind];
         std::vector<RankTally> at(kTokens);
         RankTally bonus;
-        int64_t drafted = 0, accepted = 0, pruned = 0;
+        int64_t drafted = 0, accepted = 0, pruned = 0, scheduled_cut = 0;
         int64_t full_bonus = 0;  // after a whole window of k accepted drafts
         // p for each prefix seen (the generated tokens; the prompt is fixed).
         std::map<std::vector<int32_t>, std::vector<std::pair<float, int32_t>>> cache;
@@ -320,6 +344,7 @@ TEST(SpeculativeChains, EveryPositionFollowsTheTarget) {
           drafted += res.stats.drafted;
           accepted += res.stats.accepted;
           pruned += res.stats.pruned;
+          scheduled_cut += res.stats.scheduled_cut;
           // Which positions are bonus tokens: position 0 comes with the
           // prefill, then each round commits its accepted drafts and a token.
           std::vector<bool> is_bonus(kTokens, false);
@@ -401,14 +426,13 @@ TEST(SpeculativeChains, EveryPositionFollowsTheTarget) {
         }
         const Statistic b = statistic(bonus);
         std::printf(
-            "[ chains ] %s k=%d %s: acceptance %.3f, pruned %lld, %lld bonus tokens (%lld after k "
-            "accepted; "
-            "chi2 %.1f/%d), sum over "
+            "[ chains ] %s k=%d %s: acceptance %.3f, pruned %lld, scheduler cut %lld, %lld bonus "
+            "tokens (%lld after k accepted; chi2 %.1f/%d), sum over "
             "positions %.1f/%d (limit %.1f); chi2/dof by position:%s\n",
             d.name, ks[ki], kind_names[kind], drafted ? double(accepted) / drafted : 0.0,
-            static_cast<long long>(pruned), static_cast<long long>(bonus.n),
-            static_cast<long long>(full_bonus), b.chi2, b.dof, sum_chi2, sum_dof,
-            chi2_limit(sum_dof, kZ1e3), line.c_str());
+            static_cast<long long>(pruned), static_cast<long long>(scheduled_cut),
+            static_cast<long long>(bonus.n), static_cast<long long>(full_bonus), b.chi2, b.dof,
+            sum_chi2, sum_dof, chi2_limit(sum_dof, kZ1e3), line.c_str());
         EXPECT_LT(sum_chi2, chi2_limit(sum_dof, kZ1e3))
             << d.name << " k " << ks[ki] << " " << kind_names[kind];
         if (b.dof > 0) {
@@ -428,6 +452,12 @@ TEST(SpeculativeChains, EveryPositionFollowsTheTarget) {
           EXPECT_GT(pruned, drafted / 10) << d.name << " k " << ks[ki] << " " << kind_names[kind];
         } else {
           EXPECT_EQ(pruned, 0);
+        }
+        if (d.scheduled) {
+          EXPECT_GT(scheduled_cut, drafted / 10)
+              << d.name << " k " << ks[ki] << " " << kind_names[kind];
+        } else {
+          EXPECT_EQ(scheduled_cut, 0);
         }
       }
     }
