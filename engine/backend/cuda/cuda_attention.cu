@@ -50,9 +50,11 @@ namespace {
 // chunk - (first chunk the query sees); other slots are left unwritten (the
 // combine never reads them). Blocks where no pair sees a key exit at once.
 // Up to 3 blocks per SM (80 registers; a decode block's tiles take 71 KB at D = 256).
+// KvT: float (an f32 cache) or uint16_t (bf16 bits, widened as they are staged).
+template <typename KvT>
 __global__ void __launch_bounds__(kPartialThreads, 3)
-    attention_partials_kernel(const float* __restrict__ q, const float* __restrict__ k,
-                              const float* __restrict__ v, const int32_t* __restrict__ q_pos,
+    attention_partials_kernel(const float* __restrict__ q, const KvT* __restrict__ k,
+                              const KvT* __restrict__ v, const int32_t* __restrict__ q_pos,
                               float* __restrict__ part_ml, float* __restrict__ part_acc,
                               AttnGeom g) {
   // The combine may launch now: it waits (griddepcontrol.wait) for this whole
@@ -89,8 +91,8 @@ __global__ void __launch_bounds__(kPartialThreads, 3)
   // caches (which may wrap inside a chunk).
   auto stage_tiles = [&](int j0, int j1) {
     const int64_t kv_row = int64_t{g.n_kv} * g.d;  // floats per key
-    const float* k_head = k + int64_t{kvh} * g.d;
-    const float* v_head = v + int64_t{kvh} * g.d;
+    const KvT* k_head = k + int64_t{kvh} * g.d;
+    const KvT* v_head = v + int64_t{kvh} * g.d;
     auto key_row = [&](int64_t kp) { return g.ring > 0 ? kp % g.ring : kp - g.k_pos0; };
     for (int p = warp; p < np; p += kPartialWarps) {
       const int64_t pair = pair0 + p;
@@ -139,20 +141,25 @@ void allow_partials_smem(int device) {
   static std::atomic<uint64_t> done{0};
   const uint64_t bit = device >= 0 && device < 64 ? uint64_t{1} << device : 0;
   if (bit != 0 && (done.load(std::memory_order_relaxed) & bit) != 0) return;
-  check_cuda(
-      cudaFuncSetAttribute(attention_partials_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(kMaxPartialsSmem)),
-      "cudaFuncSetAttribute(attention_partials_kernel)");
+  check_cuda(cudaFuncSetAttribute(attention_partials_kernel<float>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(kMaxPartialsSmem)),
+             "cudaFuncSetAttribute(attention_partials_kernel)");
+  check_cuda(cudaFuncSetAttribute(attention_partials_kernel<uint16_t>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(kMaxPartialsSmem)),
+             "cudaFuncSetAttribute(attention_partials_kernel)");
   done.fetch_or(bit, std::memory_order_relaxed);
 }
 
-void launch_partials(const float* q, const float* k, const float* v, const int32_t* q_pos,
+template <typename KvT>
+void launch_partials(const float* q, const KvT* k, const KvT* v, const int32_t* q_pos,
                      float* part_ml, float* part_acc, const AttnGeom& g, int64_t n_chunks,
                      cudaStream_t stream) {
   const int64_t pairs = int64_t{g.s} * g.group;
   const dim3 grid(static_cast<unsigned>(n_chunks), static_cast<unsigned>(g.n_kv),
                   static_cast<unsigned>((pairs + g.pair_tile - 1) / g.pair_tile));
-  launch_pdl(attention_partials_kernel, grid, dim3(kPartialThreads),
+  launch_pdl(attention_partials_kernel<KvT>, grid, dim3(kPartialThreads),
              partials_smem_bytes(g.d, g.pair_tile), stream, "attention_partials_kernel", q, k, v,
              q_pos, part_ml, part_acc, g);
 }
@@ -273,7 +280,11 @@ void CudaBackend::attention(const AttentionParams& p) {
   const ops::AttentionDims dims = check_cuda_attention(*this, p);
   const int64_t s_len = dims.queries;
   if (p.out.numel() == 0) return;
-  if (p.allow_fast_prefill && !dims.ring && s_len >= kFastPrefillQueries && dims.keys > 0) {
+  // (The tensor-core prefill path reads f32 keys only; a bf16 cache takes the
+  // partials kernels, which widen its rows as they stage them.)
+  const bool bf16_kv = p.k.dtype() == DType::kBF16;
+  if (p.allow_fast_prefill && !bf16_kv && !dims.ring && s_len >= kFastPrefillQueries &&
+      dims.keys > 0) {
     attention_prefill_gemm(*this, p);
     return;
   }
@@ -282,16 +293,19 @@ void CudaBackend::attention(const AttentionParams& p) {
   const int64_t n_heads = dims.heads;
   const int64_t d = dims.head_dim;
   const auto* q = p.q.data_as<const float>();
-  const auto* k = p.k.data_as<const float>();
-  const auto* v = p.v.data_as<const float>();
   const auto* pos = p.q_positions.data_as<const int32_t>();
   auto* out = p.out.data_as<float>();
   for (int64_t s0 = 0; s0 < s_len; s0 += plan.tile) {
     set_tile(g, p, s0, std::min(plan.tile, s_len - s0), s_len);
     const int64_t offset = s0 * n_heads * d;
     if (plan.n_chunks > 0) {
-      launch_partials(q + offset, k, v, pos + s0, plan.part_ml, plan.part_acc, g,
-                      plan.grid_chunks(g.s), stream());
+      if (bf16_kv) {
+        launch_partials(q + offset, p.k.data_as<const uint16_t>(), p.v.data_as<const uint16_t>(),
+                        pos + s0, plan.part_ml, plan.part_acc, g, plan.grid_chunks(g.s), stream());
+      } else {
+        launch_partials(q + offset, p.k.data_as<const float>(), p.v.data_as<const float>(),
+                        pos + s0, plan.part_ml, plan.part_acc, g, plan.grid_chunks(g.s), stream());
+      }
     }
     dispatch_combine(plan.nr, std::make_integer_sequence<int, kMaxLaneDims>{}, pos + s0,
                      plan.part_ml, plan.part_acc, out + offset, g,

@@ -143,6 +143,28 @@ __device__ inline void stage_row(float* dst, const float* src, const AttnGeom& g
   }
 }
 
+// stage_row for a bf16 cache row: the same shared f32 row (each element
+// widened exactly, zero padding), written by plain stores instead of cp.async
+// (a copy cannot widen), so it is visible after the block's next barrier like
+// the copies are. Coherent loads (load_act): the cache is written by earlier
+// kernels (cuda_launch.cuh). With g.vec4 (d % 4 == 0, 16-byte aligned base)
+// each lane loads 4 elements (8 bytes) at a time.
+__device__ inline void stage_row(float* dst, const uint16_t* src, const AttnGeom& g, int lane) {
+  if (g.vec4) {
+    const auto* src2 = reinterpret_cast<const uint2*>(src);
+    for (int i = lane; i < g.d / 4; i += 32) {
+      const uint2 b = load_act(src2 + i);
+      reinterpret_cast<float4*>(dst)[i] =
+          make_float4(bf16_bits_to_f32(b.x & 0xffffu), bf16_bits_to_f32(b.x >> 16),
+                      bf16_bits_to_f32(b.y & 0xffffu), bf16_bits_to_f32(b.y >> 16));
+    }
+  } else {
+    const auto* src16 = reinterpret_cast<const unsigned short*>(src);
+    for (int i = lane; i < g.d; i += 32) dst[i] = bf16_bits_to_f32(load_act(src16 + i));
+    for (int i = g.d + lane; i < (g.d + 3) / 4 * 4; i += 32) dst[i] = 0.0f;
+  }
+}
+
 // Pairs per register tile in the partials block (one staged k or v float4 read
 // serves TP pairs). Fewer pairs: smaller tiles, so more warps share the work.
 // Never changes results: each pair's arithmetic is the same for every TP.

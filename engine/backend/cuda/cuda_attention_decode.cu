@@ -278,8 +278,10 @@ void CudaBackend::attention_with_inputs(const AttentionInputsParams& in, const A
   const ops::AttentionInputsDims idims = ops::check_attention_inputs(in);
   const ops::AttentionDims dims = check_cuda_attention(*this, p);
   const auto same = [](const Tensor& a, const Tensor& b) { return a.data() == b.data(); };
-  bool fits = p.causal && p.positions_bound > 0 && !p.allow_fast_prefill && dims.keys > 0 &&
-              dims.queries > 0 &&
+  // The fused kernel reads and writes f32 caches only; a bf16 cache takes the
+  // two ops (attention_inputs' cache store rounds, attention widens).
+  bool fits = p.k.dtype() == DType::kF32 && p.causal && p.positions_bound > 0 &&
+              !p.allow_fast_prefill && dims.keys > 0 && dims.queries > 0 &&
               dims.queries * (dims.heads / dims.kv_heads) <= kFusedPairTiles * kPairTile &&
               dims.head_dim % 4 == 0 && idims.head_dim == dims.head_dim &&
               idims.tokens == dims.queries && idims.heads == dims.heads && same(in.q, p.q) &&
