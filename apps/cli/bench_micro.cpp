@@ -236,6 +236,12 @@ struct MicroRunner {
     model.set_graphs_enabled(!a.no_graphs && model.graphs_enabled());
     out["graphs"] = model.graphs_enabled() && be.supports_graphs();
     out["weight_bytes"] = model.weight_bytes();
+    const KvCapacity kv = kv_capacity(model);  // before this run's sequences take memory
+    out["kv_cache"] = {{"dtype", std::string(dtype_name(kv.dtype))},
+                       {"bytes_per_token", kv.bytes_per_token},
+                       {"bytes_per_sequence", kv.bytes_per_sequence},
+                       {"free_bytes", kv.free_bytes},
+                       {"tokens_that_fit", kv.tokens}};
     out["context"] = a.context;
     out["reps"] = a.reps;
 

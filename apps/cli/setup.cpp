@@ -63,26 +63,32 @@ std::optional<DType> parse_kv_dtype(const std::string& text) {
   fail("--kv-dtype: '{}' is not a KV cache dtype (expected auto, f32 or bf16)", text);
 }
 
-void print_kv_capacity(const gemma4::Gemma4Model& target) {
+KvCapacity kv_capacity(const gemma4::Gemma4Model& target) {
   const KvCacheSpec& spec = target.kv_spec();
+  KvCapacity k;
+  k.dtype = spec.dtype;
   // Full layers grow by one row a token; sliding rings are a fixed cost per sequence.
-  int64_t per_token = 0;
   KvCacheSpec rings = spec;
   for (KvLayerSpec& l : rings.layers) {
     if (l.owns_cache && l.window == 0) {
-      per_token +=
+      k.bytes_per_token +=
           2 * int64_t{l.n_kv_heads} * l.head_dim * static_cast<int64_t>(dtype_size(spec.dtype));
       l.owns_cache = false;
     }
   }
-  const int64_t per_sequence = kv_bytes_per_sequence(rings);
-  const MemoryInfo mem = target.backend().memory_info();
-  const int64_t tokens = per_token > 0 ? mem.free_bytes / per_token : 0;
+  k.bytes_per_sequence = kv_bytes_per_sequence(rings);
+  k.free_bytes = target.backend().memory_info().free_bytes;
+  k.tokens = k.bytes_per_token > 0 ? k.free_bytes / k.bytes_per_token : 0;
+  return k;
+}
+
+void print_kv_capacity(const gemma4::Gemma4Model& target) {
+  const KvCapacity k = kv_capacity(target);
   fmt::print(stderr,
              "KV cache: {}, {:.1f} KiB a token (full layers) + {:.1f} MiB a sequence (sliding "
              "rings); {} tokens fit in the {:.1f} GiB free on {}\n",
-             dtype_name(spec.dtype), per_token / 1024.0, per_sequence / 1048576.0, tokens,
-             mem.free_bytes / 1073741824.0, target.backend().device().str());
+             dtype_name(k.dtype), k.bytes_per_token / 1024.0, k.bytes_per_sequence / 1048576.0,
+             k.tokens, k.free_bytes / 1073741824.0, target.backend().device().str());
 }
 
 void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft) {

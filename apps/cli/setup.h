@@ -49,8 +49,18 @@ Device parse_device(const std::string& text);
 // --kv-dtype: "auto" (nullopt: the checkpoint's rule, gemma4::LoadOptions::kv_dtype),
 // "f32" or "bf16"; an Error names the flag and the text otherwise.
 std::optional<DType> parse_kv_dtype(const std::string& text);
-// One stderr line: the target's KV cache dtype, bytes a token and a sequence,
-// and how many tokens fit in the device's free memory now.
+// The target's KV cache: its dtype, bytes a token (full layers, which grow
+// with the context) and a sequence (sliding rings, fixed), and how many tokens
+// fit in the device's free memory now (ignoring the rings).
+struct KvCapacity {
+  DType dtype = DType::kF32;
+  int64_t bytes_per_token = 0;
+  int64_t bytes_per_sequence = 0;
+  int64_t free_bytes = 0;
+  int64_t tokens = 0;
+};
+KvCapacity kv_capacity(const gemma4::Gemma4Model& target);
+// kv_capacity as one stderr line.
 void print_kv_capacity(const gemma4::Gemma4Model& target);
 // The process-wide backend of `device` with the options of `args` applied
 // (--cuda-profile); an unsupported device fails here, before any loading.
