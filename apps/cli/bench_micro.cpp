@@ -71,13 +71,14 @@ double matrix_peak(Backend& be, int64_t s) {
 
 // K/V bytes one query at sequence length `len` (itself included) reads, per
 // row: every layer reads its cache (a KV-shared layer re-reads its donor's),
-// sliding layers min(window, len) rows, full layers len rows; f32 K and V.
-int64_t kv_bytes_read(const gemma4::Gemma4Config& c, int64_t len) {
+// sliding layers min(window, len) rows, full layers len rows; K and V of
+// `elem` bytes an element (the cache's dtype).
+int64_t kv_bytes_read(const gemma4::Gemma4Config& c, int64_t len, int64_t elem) {
   int64_t bytes = 0;
   for (const gemma4::LayerSpec& l : c.layers) {
     const int64_t rows =
         l.type == gemma4::LayerType::kSliding ? std::min<int64_t>(c.sliding_window, len) : len;
-    bytes += rows * l.n_kv_heads * l.head_dim * int64_t{4} * 2;
+    bytes += rows * l.n_kv_heads * l.head_dim * elem * 2;
   }
   return bytes;
 }
@@ -235,6 +236,12 @@ struct MicroRunner {
     model.set_graphs_enabled(!a.no_graphs && model.graphs_enabled());
     out["graphs"] = model.graphs_enabled() && be.supports_graphs();
     out["weight_bytes"] = model.weight_bytes();
+    const KvCapacity kv = kv_capacity(model);  // before this run's sequences take memory
+    out["kv_cache"] = {{"dtype", std::string(dtype_name(kv.dtype))},
+                       {"bytes_per_token", kv.bytes_per_token},
+                       {"bytes_per_sequence", kv.bytes_per_sequence},
+                       {"free_bytes", kv.free_bytes},
+                       {"tokens_that_fit", kv.tokens}};
     out["context"] = a.context;
     out["reps"] = a.reps;
 
@@ -277,7 +284,9 @@ struct MicroRunner {
       fill(seqs, a.context);
       const double t = step_time(seqs, 1, false);
       const int64_t wbytes = model.weight_bytes_read(B);
-      const int64_t kvbytes = int64_t{B} * kv_bytes_read(c, int64_t{a.context} + 1);
+      const int64_t kvbytes =
+          int64_t{B} * kv_bytes_read(c, int64_t{a.context} + 1,
+                                     static_cast<int64_t>(dtype_size(model.kv_spec().dtype)));
       const double bps = static_cast<double>(wbytes + kvbytes) / t;
       const double fraction = bps / copy_bps;
       if (B == 1) b1_fraction = fraction;

@@ -200,6 +200,7 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
     options.device = device;
     options.max_context = max_context;
     options.scan_weights = !a.model.no_weight_scan;
+    options.kv_dtype = parse_kv_dtype(a.model.kv_dtype);
     const auto t0 = std::chrono::steady_clock::now();
     if (!a.random_weights.empty()) {
       const gemma4::Gemma4Config config = random_config(a.random_weights);
@@ -225,6 +226,7 @@ LoadedModels load_bench_models(const BenchArgs& a, Device device) {
                  "{}target: {} layers, hidden {}, vocab {}, {:.2f} GB of weights ({:.2f} s)\n",
                  tty ? "\r" : "", c.num_hidden_layers, c.hidden_size, c.vocab_size,
                  m.target->weight_bytes() / 1e9, seconds_since(t0));
+      print_kv_capacity(*m.target);
     }
     if (!a.model.draft.empty() && !a.model.no_draft && !random_draft && !random_dspark && !replay) {
       m.draft_dir = a.model.draft;

@@ -56,6 +56,41 @@ Device parse_device(const std::string& text) {
   fail("--device: '{}' is not a device (expected cpu, cuda or cuda:N)", text);
 }
 
+std::optional<DType> parse_kv_dtype(const std::string& text) {
+  if (text == "auto") return std::nullopt;
+  if (text == "f32") return DType::kF32;
+  if (text == "bf16") return DType::kBF16;
+  fail("--kv-dtype: '{}' is not a KV cache dtype (expected auto, f32 or bf16)", text);
+}
+
+KvCapacity kv_capacity(const gemma4::Gemma4Model& target) {
+  const KvCacheSpec& spec = target.kv_spec();
+  KvCapacity k;
+  k.dtype = spec.dtype;
+  // Full layers grow by one row a token; sliding rings are a fixed cost per sequence.
+  KvCacheSpec rings = spec;
+  for (KvLayerSpec& l : rings.layers) {
+    if (l.owns_cache && l.window == 0) {
+      k.bytes_per_token +=
+          2 * int64_t{l.n_kv_heads} * l.head_dim * static_cast<int64_t>(dtype_size(spec.dtype));
+      l.owns_cache = false;
+    }
+  }
+  k.bytes_per_sequence = kv_bytes_per_sequence(rings);
+  k.free_bytes = target.backend().memory_info().free_bytes;
+  k.tokens = k.bytes_per_token > 0 ? k.free_bytes / k.bytes_per_token : 0;
+  return k;
+}
+
+void print_kv_capacity(const gemma4::Gemma4Model& target) {
+  const KvCapacity k = kv_capacity(target);
+  fmt::print(stderr,
+             "KV cache: {}, {:.1f} KiB a token (full layers) + {:.1f} MiB a sequence (sliding "
+             "rings); {} tokens fit in the {:.1f} GiB free on {}\n",
+             dtype_name(k.dtype), k.bytes_per_token / 1024.0, k.bytes_per_sequence / 1048576.0,
+             k.tokens, k.free_bytes / 1073741824.0, target.backend().device().str());
+}
+
 void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft) {
   cmd->add_option(
       "--model,-m", args.model,
@@ -95,6 +130,11 @@ void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft) {
   cmd->add_option("--device", args.device,
                   "Device to run on: cpu, cuda or cuda:N (cuda needs a build with SPECULA_CUDA)")
       ->capture_default_str();
+  cmd->add_option("--kv-dtype,--kv-cache-dtype", args.kv_dtype,
+                  "KV cache element type: auto (bf16 for a bf16 checkpoint, f32 otherwise), f32 "
+                  "or bf16 (half the memory: twice the tokens fit; keys and values are rounded "
+                  "to bf16 as they are stored, attention still computes in f32)")
+      ->capture_default_str();
   cmd->add_flag("--no-weight-scan", args.no_weight_scan,
                 "Skip the load-time check that every weight is finite (no NaN or inf); it reads "
                 "the weights once, as they are uploaded");
@@ -124,12 +164,14 @@ LoadedModels load_models(const ModelArgs& args, bool with_draft, bool with_token
   options.max_context = args.ctx_size;
   options.device = parse_device(args.device);
   options.scan_weights = !args.no_weight_scan;
+  options.kv_dtype = parse_kv_dtype(args.kv_dtype);
   open_backend(args, options.device);  // an unsupported device fails here, before loading
   m.target = gemma4::Gemma4Model::load(m.model_dir, options);
   const auto& c = m.target->config();
   if (!quiet) {
     fmt::print(stderr, "{}target: {} layers, hidden {}, vocab {} ({:.2f} s)\n", tty ? "\r" : "",
                c.num_hidden_layers, c.hidden_size, c.vocab_size, seconds_since(t0));
+    print_kv_capacity(*m.target);
   }
   if (with_draft && !args.no_draft) {
     m.draft_dir = args.draft;

@@ -38,13 +38,30 @@ struct ModelArgs {
   std::string tokenizer;  // empty: the model directory
   int64_t ctx_size = 4096;
   int threads = 0;
-  std::string device = "cpu";   // cpu, cuda or cuda:N
-  bool no_weight_scan = false;  // skip the load-time NaN/inf scan of the weights
-  bool cuda_profile = false;    // per-op time table on stderr at exit (Backend::set_op_profile)
+  std::string device = "cpu";     // cpu, cuda or cuda:N
+  bool no_weight_scan = false;    // skip the load-time NaN/inf scan of the weights
+  bool cuda_profile = false;      // per-op time table on stderr at exit (Backend::set_op_profile)
+  std::string kv_dtype = "auto";  // --kv-dtype: auto, f32 or bf16 (parse_kv_dtype)
 };
 
 // "cpu", "cuda" (= cuda:0) or "cuda:N"; an Error names the flag and the text otherwise.
 Device parse_device(const std::string& text);
+// --kv-dtype: "auto" (nullopt: the checkpoint's rule, gemma4::LoadOptions::kv_dtype),
+// "f32" or "bf16"; an Error names the flag and the text otherwise.
+std::optional<DType> parse_kv_dtype(const std::string& text);
+// The target's KV cache: its dtype, bytes a token (full layers, which grow
+// with the context) and a sequence (sliding rings, fixed), and how many tokens
+// fit in the device's free memory now (ignoring the rings).
+struct KvCapacity {
+  DType dtype = DType::kF32;
+  int64_t bytes_per_token = 0;
+  int64_t bytes_per_sequence = 0;
+  int64_t free_bytes = 0;
+  int64_t tokens = 0;
+};
+KvCapacity kv_capacity(const gemma4::Gemma4Model& target);
+// kv_capacity as one stderr line.
+void print_kv_capacity(const gemma4::Gemma4Model& target);
 // The process-wide backend of `device` with the options of `args` applied
 // (--cuda-profile); an unsupported device fails here, before any loading.
 Backend& open_backend(const ModelArgs& args, Device device);

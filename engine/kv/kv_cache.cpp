@@ -6,9 +6,28 @@
 
 namespace specula {
 
+namespace {
+int64_t capacity_of(const KvCacheSpec& spec, const KvLayerSpec& l) {
+  return l.window > 0 ? std::min<int64_t>(l.window + spec.max_rollback, spec.max_context)
+                      : spec.max_context;
+}
+}  // namespace
+
+int64_t kv_bytes_per_sequence(const KvCacheSpec& spec) {
+  int64_t bytes = 0;
+  for (const KvLayerSpec& l : spec.layers) {
+    if (!l.owns_cache) continue;
+    bytes += 2 * capacity_of(spec, l) * l.n_kv_heads * l.head_dim *
+             static_cast<int64_t>(dtype_size(spec.dtype));
+  }
+  return bytes;
+}
+
 SequenceKv::SequenceKv(const KvCacheSpec& spec) : spec_(spec) {
   SPECULA_CHECK(spec.max_context > 0, "max_context must be positive, got {}", spec.max_context);
   SPECULA_CHECK(spec.max_rollback >= 0, "max_rollback must be >= 0, got {}", spec.max_rollback);
+  SPECULA_CHECK(spec.dtype == DType::kF32 || spec.dtype == DType::kBF16,
+                "KV cache dtype must be f32 or bf16, got {}", dtype_name(spec.dtype));
   backend_ = spec.backend ? spec.backend : &backend_for(Device::cpu());
   MemoryResource& memory = spec.memory ? *spec.memory : *backend_;
   stores_.resize(spec.layers.size());
@@ -16,14 +35,13 @@ SequenceKv::SequenceKv(const KvCacheSpec& spec) : spec_(spec) {
     const KvLayerSpec& l = spec.layers[i];
     if (!l.owns_cache) continue;
     LayerStore& s = stores_[i];
-    s.capacity = l.window > 0 ? std::min<int64_t>(l.window + spec.max_rollback, spec.max_context)
-                              : spec.max_context;
+    s.capacity = capacity_of(spec, l);
     const Shape shape{s.capacity, l.n_kv_heads, l.head_dim};
-    const size_t bytes = static_cast<size_t>(shape.numel()) * sizeof(float);
+    const size_t bytes = static_cast<size_t>(shape.numel()) * dtype_size(spec.dtype);
     s.k_buf = DeviceBuffer(memory, bytes);
     s.v_buf = DeviceBuffer(memory, bytes);
-    s.k = s.k_buf.view(DType::kF32, shape);
-    s.v = s.v_buf.view(DType::kF32, shape);
+    s.k = s.k_buf.view(spec.dtype, shape);
+    s.v = s.v_buf.view(spec.dtype, shape);
   }
 }
 
@@ -135,7 +153,7 @@ SequenceKv::Storage SequenceKv::store_target(int layer, int64_t pos, int64_t n) 
 void SequenceKv::copy_rows(const Tensor& src, int64_t from, const Tensor& dst, int64_t to,
                            int64_t n) const {
   if (n <= 0) return;
-  backend_->copy(src.slice_rows(from, from + n), dst.slice_rows(to, to + n));
+  backend_->convert(src.slice_rows(from, from + n), dst.slice_rows(to, to + n));
 }
 
 void SequenceKv::check_room(int64_t n) const {

@@ -33,12 +33,20 @@ struct KvCacheSpec {
   std::vector<KvLayerSpec> layers;  // one entry per model layer
   int64_t max_context = 0;          // positions a sequence may reach
   int max_rollback = 16;            // ring slack for speculative rollback
+  // Element type of the stored keys and values: f32, or bf16 (half the bytes;
+  // rows written in f32 are rounded to nearest even on the way in, and
+  // attention widens them back to f32 exactly). Every view below has it.
+  DType dtype = DType::kF32;
   // Where the cache lives: copies go through `backend` (null: the CPU backend)
   // and memory comes from `memory` (null: the backend itself), typically the
   // model's CachingPool so finished sequences' buffers are reused. Not owned.
   Backend* backend = nullptr;
   MemoryResource* memory = nullptr;
 };
+
+// Bytes one sequence's cache takes: K and V of every cache-owning layer at
+// spec.dtype (sliding layers: their ring of window + max_rollback rows).
+int64_t kv_bytes_per_sequence(const KvCacheSpec& spec);
 
 class SequenceKv {
  public:
@@ -51,14 +59,16 @@ class SequenceKv {
   const KvCacheSpec& spec() const { return spec_; }
   bool is_ring(int layer) const { return spec_.layers[static_cast<size_t>(layer)].window > 0; }
 
-  // Full layers: views of rows [0, end) of the linear buffers, f32 [end, kv, D].
+  // Full layers: views of rows [0, end) of the linear buffers, [end, kv, D] of
+  // spec().dtype (as every storage view below).
   Tensor full_keys(int layer, int64_t end) const;
   Tensor full_values(int layer, int64_t end) const;
-  // Writes positions [pos, pos + n) of a full layer. k, v f32 [n, kv, D].
+  // Writes positions [pos, pos + n) of a full layer. k, v f32 [n, kv, D] (or of
+  // the cache's dtype), converted to the cache's dtype (Backend::convert).
   void write_full(int layer, int64_t pos, const Tensor& k, const Tensor& v);
 
   // Ring layers: copies positions [from, to) (which must be retained) into
-  // k_out, v_out f32 [to - from, kv, D] in temporal order.
+  // k_out, v_out [to - from, kv, D] (f32 or the cache's dtype) in temporal order.
   void read_ring(int layer, int64_t from, int64_t to, const Tensor& k_out,
                  const Tensor& v_out) const;
   // Writes positions [pos, pos + n) into the ring (only the last `capacity` of
@@ -92,7 +102,7 @@ class SequenceKv {
  private:
   struct LayerStore {
     DeviceBuffer k_buf, v_buf;
-    Tensor k;  // f32 [capacity, kv, D] over k_buf
+    Tensor k;  // [capacity, kv, D] of spec_.dtype over k_buf
     Tensor v;
     int64_t capacity = 0;
     int64_t written_end = 0;    // one past the newest position written
@@ -101,7 +111,8 @@ class SequenceKv {
   const LayerStore& store(int layer) const;
   LayerStore& store(int layer);
 
-  // Copies rows [from, from + n) of `src` into rows [to, to + n) of `dst`.
+  // Copies rows [from, from + n) of `src` into rows [to, to + n) of `dst`,
+  // converting to dst's dtype.
   void copy_rows(const Tensor& src, int64_t from, const Tensor& dst, int64_t to, int64_t n) const;
 
   KvCacheSpec spec_;

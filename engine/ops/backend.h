@@ -29,8 +29,8 @@ namespace specula {
 // keys whose absolute positions are k_pos0 .. k_pos0 + T - 1.
 struct AttentionParams {
   Tensor q;            // f32 [S, n_heads, D]
-  Tensor k;            // f32 [T, n_kv_heads, D]
-  Tensor v;            // f32 [T, n_kv_heads, D]
+  Tensor k;            // f32|bf16 [T, n_kv_heads, D] (a KV cache's dtype; read as f32)
+  Tensor v;            // [T, n_kv_heads, D], the dtype of k
   Tensor out;          // f32 [S, n_heads, D]; must not alias q, k or v
   Tensor q_positions;  // i32 [S]: absolute position of each query
   int64_t k_pos0 = 0;  // absolute position of key 0
@@ -93,8 +93,8 @@ struct AttentionInputsParams {
   Tensor positions;  // i32 [M]
   Tensor inv_freq;   // f32 [D/2]
   float eps = 1e-6f;
-  Tensor cache_k;  // optional f32 [R, KV, D]
-  Tensor cache_v;  // f32 [R, KV, D] when cache_k is set
+  Tensor cache_k;  // optional f32|bf16 [R, KV, D] (rows rounded as store_kv does)
+  Tensor cache_v;  // [R, KV, D] of cache_k's dtype when cache_k is set
 };
 
 // One output of linear_multi: y = x · wᵀ.
@@ -350,7 +350,8 @@ class Backend : public MemoryResource {
     attention(p);
   }
   // Cache store by device positions: row i of k and v f32 [n, KV, D] goes to row
-  // positions[i] mod R of cache_k / cache_v f32 [R, KV, D]; positions i32 [n] >= 0 and
+  // positions[i] mod R of cache_k / cache_v f32|bf16 [R, KV, D] (one dtype; bf16
+  // rounds to nearest even, as convert does); positions i32 [n] >= 0 and
   // pairwise distinct mod R. Reading positions on the device (not a host offset)
   // is what lets a recorded step write each step's rows where they belong.
   virtual void store_kv(const Tensor& k, const Tensor& v, const Tensor& positions,
@@ -410,6 +411,11 @@ class Backend : public MemoryResource {
   virtual void reserve_scratch(int64_t max_keys, int64_t max_width) {}
   // Byte copy between same-shaped tensors of the same dtype on this device.
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
+  // dst = src converted element by element, same shape on this device: f32 to
+  // bf16 rounds to nearest even (NaN stays NaN; f32_to_bf16, the one rule for a
+  // KV cache's rows on every backend), bf16 to f32 is exact, equal dtypes copy.
+  // No aliasing unless src is dst.
+  virtual void convert(const Tensor& src, const Tensor& dst) = 0;
   // out[i, ...] = src[idx[i], ...]: whole rows (dim 0) gathered by index. src
   // [R, ...] and out [N, ...] of one 4-byte dtype (f32, i32) with the same row
   // size; idx i32 [N] on this device, every value in [0, R) (the CPU checks;

@@ -367,11 +367,17 @@ void check_exact_alias(const char* op, const char* out_name, const Tensor& out, 
   }
 }
 
+void check_kv_dtype(const char* op, const char* name, const Tensor& t) {
+  if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16) {
+    fail("{}: {} {} must be f32 or bf16 (a KV cache dtype)", op, name, t.describe());
+  }
+}
+
 AttentionDims check_attention(const AttentionParams& p) {
   constexpr const char* kOp = "attention";
   check_dtype(kOp, "q", p.q, DType::kF32);
-  check_dtype(kOp, "k", p.k, DType::kF32);
-  check_dtype(kOp, "v", p.v, DType::kF32);
+  check_kv_dtype(kOp, "k", p.k);
+  check_dtype(kOp, "v", p.v, p.k.dtype());
   check_dtype(kOp, "out", p.out, DType::kF32);
   check_dtype(kOp, "q_positions", p.q_positions, DType::kI32);
   check_rank(kOp, "q", p.q, 3);
@@ -419,8 +425,8 @@ StoreKvDims check_store_kv(const char* op, const Tensor& k, const Tensor& v,
                            const Tensor& positions, const Tensor& cache_k, const Tensor& cache_v) {
   check_dtype(op, "k", k, DType::kF32);
   check_dtype(op, "v", v, DType::kF32);
-  check_dtype(op, "cache_k", cache_k, DType::kF32);
-  check_dtype(op, "cache_v", cache_v, DType::kF32);
+  check_kv_dtype(op, "cache_k", cache_k);
+  check_dtype(op, "cache_v", cache_v, cache_k.dtype());
   check_dtype(op, "positions", positions, DType::kI32);
   check_rank(op, "k", k, 3);
   check_rank(op, "cache_k", cache_k, 3);

@@ -18,15 +18,7 @@ namespace specula::speculative {
 namespace {
 
 int64_t row_bytes_of(const KvCacheSpec& spec) {
-  int64_t bytes = 0;
-  for (const KvLayerSpec& l : spec.layers) {
-    if (!l.owns_cache) continue;
-    const int64_t rows = l.window > 0
-                             ? std::min<int64_t>(l.window + spec.max_rollback, spec.max_context)
-                             : spec.max_context;
-    bytes += 2 * rows * l.n_kv_heads * l.head_dim * static_cast<int64_t>(sizeof(float));
-  }
-  return bytes;
+  return kv_bytes_per_sequence(spec);
 }
 
 }  // namespace

@@ -29,6 +29,10 @@ expect_error prompt-too-long "context size of 8" "$specula" generate --model "$f
 expect_error bad-device "'tpu'" "$specula" generate --model "$fixture" --device tpu --prompt-ids 1,2
 expect_error cuda-profile-on-cpu "--cuda-profile: needs --device cuda" "$specula" generate \
   --model "$fixture" --cuda-profile --prompt-ids 1,2
+expect_error bad-kv-dtype "--kv-dtype: 'fp16' is not a KV cache dtype (expected auto, f32 or bf16)" \
+  "$specula" generate --model "$fixture" --kv-dtype fp16 --prompt-ids 1,2
+expect_error bad-kv-cache-dtype "--kv-dtype: 'int4' is not a KV cache dtype" "$specula" generate \
+  --model "$fixture" --kv-cache-dtype int4 --prompt-ids 1,2
 expect_error bad-device-index "cuda:7" "$specula" generate --model "$fixture" --device cuda:7 --prompt-ids 1,2
 expect_error draft-trace-device "CPU only" "$specula" draft-trace --model "$fixture" --device cuda \
   --draft "$src/tests/golden/dense_kev_assistant" --prompt-ids 1,2 --out "$tmp/trace.safetensors"

@@ -169,10 +169,13 @@ TEST(CudaEmbedded, SpeculationMatchesPlainAndStartsLikeTheCpu) {
   SKIP_WITHOUT_CUDA();
   const std::string dir = std::string(SPECULA_SOURCE_DIR) + "/models/gemma4-tiny-py";
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP();
-  auto gpu = gemma4::Gemma4Model::load(dir, on_cuda());
-  auto cpu = gemma4::Gemma4Model::load(dir);
-  auto drafter =
-      assistant::AssistantModel::load(dir + "-assistant", gpu->config(), gpu->backend());
+  // f32 KV caches: the reference is transformers in f32 math (the default
+  // bf16 cache of this bf16 checkpoint: tests/cuda/kv_dtype_cuda_test.cpp).
+  gemma4::LoadOptions gpu_options = on_cuda(), cpu_options;
+  gpu_options.kv_dtype = cpu_options.kv_dtype = DType::kF32;
+  auto gpu = gemma4::Gemma4Model::load(dir, gpu_options);
+  auto cpu = gemma4::Gemma4Model::load(dir, cpu_options);
+  auto drafter = assistant::AssistantModel::load(dir + "-assistant", gpu->config(), gpu->backend());
   assistant::AssistantDrafter source(*gpu, *drafter);
   // Logits of golden prompt 0 against transformers (bf16 weights, f32 math).
   if (have("embedded")) {
@@ -343,7 +346,7 @@ TEST(CudaSteadyState, DecodeVerifyAndDraftStepsDoNotAllocateDeviceMemory) {
   if (!have("e2b_like") || !have("e2b_like_assistant")) GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(golden("e2b_like"), on_cuda());
   auto drafter = assistant::AssistantModel::load(golden("e2b_like_assistant"), target->config(),
-                                                   target->backend());
+                                                 target->backend());
   assistant::AssistantDrafter source(*target, *drafter);
   Backend& be = target->backend();
   constexpr int kRows = 3;

@@ -86,8 +86,16 @@ void CpuBackend::attention(const AttentionParams& p) {
 
   const int64_t group = n_heads / n_kv;
   const float* q = p.q.data_as<const float>();
-  const float* k = p.k.data_as<const float>();
-  const float* v = p.v.data_as<const float>();
+  // A bf16 cache's rows are widened to f32 (exact) one at a time and go
+  // through the same dot / axpy as f32 rows: results equal those of an f32
+  // cache holding the same (rounded) values.
+  const bool bf16 = p.k.dtype() == DType::kBF16;
+  constexpr int64_t kMaxRow = 1024;
+  if (bf16 && d > kMaxRow)
+    fail("attention: head dimension {} of a bf16 k {} exceeds {}", d, p.k.describe(), kMaxRow);
+  const char* k = static_cast<const char*>(p.k.data());
+  const char* v = static_cast<const char*>(p.v.data());
+  const size_t elem = dtype_size(p.k.dtype());
   const int32_t* q_pos = p.q_positions.data_as<const int32_t>();
   float* out = p.out.data_as<float>();
   const int64_t k_pos0 = p.k_pos0;
@@ -123,10 +131,20 @@ void CpuBackend::attention(const AttentionParams& p) {
                            }
                            const float* qr = q + (i * n_heads + h) * d;
                            const int64_t kvh = h / group;
+                           float widened[kMaxRow];
+                           // Row kr of kv head kvh of `base` (k or v), as f32.
+                           auto row = [&](const char* base, int64_t kr) -> const float* {
+                             const char* r = base + static_cast<size_t>(kr * n_kv + kvh) *
+                                                        static_cast<size_t>(d) * elem;
+                             if (!bf16) return reinterpret_cast<const float*>(r);
+                             const auto* b = reinterpret_cast<const uint16_t*>(r);
+                             for (int64_t e = 0; e < d; ++e) widened[e] = bf16_to_f32(b[e]);
+                             return widened;
+                           };
                            float max_score = -std::numeric_limits<float>::infinity();
                            for (int64_t j = lo; j <= hi; ++j) {
                              const int64_t kr = ring ? (k_pos0 + j) % ring_rows : j;
-                             const float sc = scale * cpu::dot(qr, k + (kr * n_kv + kvh) * d, d);
+                             const float sc = scale * cpu::dot(qr, row(k, kr), d);
                              scores[j - lo] = sc;
                              max_score = std::max(max_score, sc);
                            }
@@ -141,7 +159,7 @@ void CpuBackend::attention(const AttentionParams& p) {
                            for (int64_t j = lo; j <= hi; ++j) {
                              const float prob = scores[j - lo] / denom;
                              const int64_t kr = ring ? (k_pos0 + j) % ring_rows : j;
-                             cpu::axpy(prob, v + (kr * n_kv + kvh) * d, o, d);
+                             cpu::axpy(prob, row(v, kr), o, d);
                            }
                          });
 }

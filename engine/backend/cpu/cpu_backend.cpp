@@ -166,14 +166,46 @@ void CpuBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& positi
   }
   const ops::StoreKvDims d = ops::check_store_kv(kOp, k, v, positions, cache_k, cache_v);
   const int32_t* pos = positions.data_as<const int32_t>();
-  const size_t row_bytes = static_cast<size_t>(d.row_floats) * sizeof(float);
   for (int64_t i = 0; i < d.rows; ++i) {
     if (pos[i] < 0) fail("{}: position {} of row {} is negative", kOp, pos[i], i);
+  }
+  // Row by row through convert (f32 rows into an f32 or bf16 cache).
+  const Tensor k_rows = k.reshape({d.rows, d.row_floats});
+  const Tensor v_rows = v.reshape({d.rows, d.row_floats});
+  const Tensor ck = cache_k.reshape({d.cache_rows, d.row_floats});
+  const Tensor cv = cache_v.reshape({d.cache_rows, d.row_floats});
+  for (int64_t i = 0; i < d.rows; ++i) {
     const int64_t slot = pos[i] % d.cache_rows;
-    std::memcpy(cache_k.data_as<char>() + slot * row_bytes, k.data_as<const char>() + i * row_bytes,
-                row_bytes);
-    std::memcpy(cache_v.data_as<char>() + slot * row_bytes, v.data_as<const char>() + i * row_bytes,
-                row_bytes);
+    convert(k_rows.slice_rows(i, i + 1), ck.slice_rows(slot, slot + 1));
+    convert(v_rows.slice_rows(i, i + 1), cv.slice_rows(slot, slot + 1));
+  }
+}
+
+void CpuBackend::convert(const Tensor& src, const Tensor& dst) {
+  constexpr const char* kOp = "convert";
+  cpu::check_host(kOp, "src", src);
+  cpu::check_host(kOp, "dst", dst);
+  if (src.shape() != dst.shape()) {
+    fail("{}: src {} and dst {} must have the same shape", kOp, src.describe(), dst.describe());
+  }
+  if (src.dtype() == dst.dtype()) {
+    copy(src, dst);
+    return;
+  }
+  const int64_t n = src.numel();
+  if (src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16) {
+    cpu::check_no_alias(kOp, "dst", dst, "src", src);
+    const float* s = src.data_as<const float>();
+    auto* o = dst.data_as<uint16_t>();
+    for (int64_t i = 0; i < n; ++i) o[i] = f32_to_bf16(s[i]);
+  } else if (src.dtype() == DType::kBF16 && dst.dtype() == DType::kF32) {
+    cpu::check_no_alias(kOp, "dst", dst, "src", src);
+    const auto* s = src.data_as<const uint16_t>();
+    float* o = dst.data_as<float>();
+    for (int64_t i = 0; i < n; ++i) o[i] = bf16_to_f32(s[i]);
+  } else {
+    fail("{}: no conversion from src {} to dst {} (f32 <-> bf16 only)", kOp, src.describe(),
+         dst.describe());
   }
 }
 

@@ -79,6 +79,7 @@ class CpuBackend final : public Backend {
   void moe_route(const MoeRouteParams& p) override;
   void moe_experts(const MoeExpertsParams& p) override;
   void copy(const Tensor& src, const Tensor& dst) override;
+  void convert(const Tensor& src, const Tensor& dst) override;
   // An index outside [0, R) throws (naming it).
   void gather_rows(const Tensor& src, const Tensor& idx, const Tensor& out) override;
   // A negative position throws (the CPU can check; see Backend::store_kv).

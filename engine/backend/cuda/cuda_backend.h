@@ -66,6 +66,7 @@ class CudaBackend final : public Backend {
   int64_t readback_count() const override { return readbacks_.load(); }
   void synchronize() override;
   void copy(const Tensor& src, const Tensor& dst) override;
+  void convert(const Tensor& src, const Tensor& dst) override;
   void gather_rows(const Tensor& src, const Tensor& idx, const Tensor& out) override;
   void reserve_scratch(int64_t max_keys, int64_t max_width) override;
 

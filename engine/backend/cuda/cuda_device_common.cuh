@@ -54,6 +54,19 @@ __device__ __forceinline__ float widen16(uint32_t bits) {
   }
 }
 
+// f32 to bf16 bits, rounded to nearest even with NaN kept a NaN (0x7fc0):
+// f32_to_bf16 of engine/core/dtype.h, so a bf16 KV cache holds the same bits on
+// every backend.
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float f) {
+  uint32_t bits = __float_as_uint(f);
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu)) return 0x7fc0;
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+__device__ __forceinline__ float bf16_bits_to_f32(uint32_t bits) {
+  return __uint_as_float(bits << 16);
+}
+
 // Element i of an f32|bf16|f16 array, exactly widened to f32.
 template <DType kDt>
 __device__ __forceinline__ float load_float(const void* p, int64_t i) {

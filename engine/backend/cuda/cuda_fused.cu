@@ -72,6 +72,44 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// store_kv into a bf16 cache: one thread per element of the n rows, rounded
+// as f32_to_bf16_bits rounds (the CPU's rule). Same row mapping as above.
+__global__ void __launch_bounds__(kThreads)
+    store_kv_bf16_kernel(const float* k, const float* v, const int32_t* positions,
+                         uint16_t* __restrict__ cache_k, uint16_t* __restrict__ cache_v,
+                         int64_t rows, int64_t row_floats, int64_t cache_rows) {
+  pdl_enter();
+  const int64_t total = rows * row_floats;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / row_floats;
+    const int64_t c = i - r * row_floats;
+    const int32_t pos = load_act(positions + r);
+    if (pos < 0) continue;
+    const int64_t dst = (static_cast<int64_t>(pos) % cache_rows) * row_floats + c;
+    cache_k[dst] = f32_to_bf16_bits(load_act(k + i));
+    cache_v[dst] = f32_to_bf16_bits(load_act(v + i));
+  }
+}
+
+// convert: dst[i] = src[i] between f32 and bf16 (either way), one thread per
+// element; f32 to bf16 rounds as f32_to_bf16_bits.
+template <bool kToBf16>
+__global__ void __launch_bounds__(kThreads)
+    convert_kernel(const void* src, void* __restrict__ dst, int64_t n) {
+  pdl_enter();
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if constexpr (kToBf16) {
+      static_cast<uint16_t*>(dst)[i] =
+          f32_to_bf16_bits(load_act(static_cast<const float*>(src) + i));
+    } else {
+      static_cast<float*>(dst)[i] =
+          bf16_bits_to_f32(load_act(static_cast<const unsigned short*>(src) + i));
+    }
+  }
+}
+
 // ---- rms_norm_add_norm ----
 
 // Row r of rms_norm_add_norm by all kThreads threads of the block, thread t
@@ -346,6 +384,13 @@ void CudaBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& posit
   check_on(*this, kOp, "cache_v", cache_v);
   const ops::StoreKvDims dims = ops::check_store_kv(kOp, k, v, positions, cache_k, cache_v);
   if (dims.rows == 0 || dims.row_floats == 0) return;
+  if (cache_k.dtype() == DType::kBF16) {
+    launch_pdl(store_kv_bf16_kernel, grid_for(dims.rows * dims.row_floats, kThreads), kThreads, 0,
+               stream(), "store_kv_bf16_kernel", k.data_as<const float>(), v.data_as<const float>(),
+               positions.data_as<const int32_t>(), cache_k.data_as<uint16_t>(),
+               cache_v.data_as<uint16_t>(), dims.rows, dims.row_floats, dims.cache_rows);
+    return;
+  }
   const bool vec4 = dims.row_floats % 4 == 0 && aligned16(k.data()) && aligned16(v.data()) &&
                     aligned16(cache_k.data()) && aligned16(cache_v.data());
   if (vec4) {
@@ -360,6 +405,31 @@ void CudaBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& posit
                positions.data_as<const int32_t>(), cache_k.data_as<float>(),
                cache_v.data_as<float>(), dims.rows, dims.row_floats, dims.cache_rows);
   }
+}
+
+// See Backend::convert. f32 <-> bf16 by convert_kernel; equal dtypes copy.
+void CudaBackend::convert(const Tensor& src, const Tensor& dst) {
+  constexpr const char* kOp = "convert";
+  check_on(*this, kOp, "src", src);
+  check_on(*this, kOp, "dst", dst);
+  if (src.shape() != dst.shape()) {
+    fail("{}: src {} and dst {} must have the same shape", kOp, src.describe(), dst.describe());
+  }
+  if (src.dtype() == dst.dtype()) {
+    copy(src, dst);
+    return;
+  }
+  const bool to_bf16 = src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16;
+  if (!to_bf16 && !(src.dtype() == DType::kBF16 && dst.dtype() == DType::kF32)) {
+    fail("{}: no conversion from src {} to dst {} (f32 <-> bf16 only)", kOp, src.describe(),
+         dst.describe());
+  }
+  check_no_alias(kOp, "dst", dst, "src", src);
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  OpTimer timer(*this, "convert");
+  launch_pdl(to_bf16 ? convert_kernel<true> : convert_kernel<false>, grid_for(n, kThreads),
+             kThreads, 0, stream(), "convert_kernel", src.data(), dst.data(), n);
 }
 
 // rms_norm_add(x, weight, eps, residual, post_scale) then
@@ -491,7 +561,10 @@ void CudaBackend::attention_inputs(const AttentionInputsParams& p) {
     a.k_norm = p.k_norm.data();
     a.v = p.v.data_as<float>();
   }
-  if (dims.has_cache) {
+  // A bf16 cache: the kernel finishes the rows, then store_kv rounds them into
+  // the cache (the same bits as the composition: store_kv of the finished rows).
+  const bool bf16_cache = dims.has_cache && p.cache_k.dtype() == DType::kBF16;
+  if (dims.has_cache && !bf16_cache) {
     a.cache_k = p.cache_k.data_as<float>();
     a.cache_v = p.cache_v.data_as<float>();
     a.cache_rows = p.cache_k.dim(0);
@@ -506,6 +579,7 @@ void CudaBackend::attention_inputs(const AttentionInputsParams& p) {
                  stream(), "attention_inputs_kernel", a);
     });
   });
+  if (bf16_cache) store_kv(p.k, p.v, p.positions, p.cache_k, p.cache_v);
 }
 
 }  // namespace specula::cuda

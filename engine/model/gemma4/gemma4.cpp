@@ -192,6 +192,10 @@ void Gemma4Model::init_after_weights(const LoadOptions& options) {
   kv_spec_.max_rollback = options.max_rollback;
   kv_spec_.backend = &be;
   kv_spec_.memory = kv_pool_.get();
+  kv_spec_.dtype = options.kv_dtype.value_or(fast_prefill_ ? DType::kBF16 : DType::kF32);
+  if (kv_spec_.dtype != DType::kF32 && kv_spec_.dtype != DType::kBF16) {
+    fail("{}: KV cache dtype {} is not supported (f32 or bf16)", path_, dtype_name(kv_spec_.dtype));
+  }
   for (const LayerSpec& l : c.layers) {
     KvLayerSpec s;
     s.owns_cache = !l.kv_shared;
@@ -402,11 +406,14 @@ const ForwardOutput& Gemma4Model::stage(std::span<const ForwardRow> rows,
         if (!ls.kv_shared && ls.type == LayerType::kSliding)
           width = std::max<int64_t>(width, int64_t{ls.n_kv_heads} * ls.head_dim);
       }
-      p.gather_k = a.alloc(DType::kF32, {rows_needed * width});
-      p.gather_v = a.alloc(DType::kF32, {rows_needed * width});
+      // In the cache's dtype: the gathered window and the new rows (rounded as
+      // the cache rounds them) are what a decode step would read in place.
+      const DType kv_dtype = kv_spec_.dtype;
+      p.gather_k = a.alloc(kv_dtype, {rows_needed * width});
+      p.gather_v = a.alloc(kv_dtype, {rows_needed * width});
       if (c.sliding_donor >= 0 && c.first_shared_layer < L) {
-        p.donor_gather_k = a.alloc(DType::kF32, {rows_needed * width});
-        p.donor_gather_v = a.alloc(DType::kF32, {rows_needed * width});
+        p.donor_gather_k = a.alloc(kv_dtype, {rows_needed * width});
+        p.donor_gather_v = a.alloc(kv_dtype, {rows_needed * width});
       }
     }
   };
@@ -586,15 +593,25 @@ void Gemma4Model::run_step(std::span<const ForwardRow> rows, const ForwardOption
       ForwardOutput::DonorKv d;
       d.pos0 = p.attn_pos0[di];
       Tensor k = p.attn_k[di], v = p.attn_v[di];
-      DeviceBuffer k_buf, v_buf;  // ring layers: unrolled into temporary buffers (not a hot path)
-      if (p.attn_ring_keys[di] >= 0) {
-        const Shape shape{p.attn_ring_keys[di], k.dim(1), k.dim(2)};
+      // Ring layers and bf16 caches: unrolled or widened into temporary f32
+      // buffers (not a hot path).
+      DeviceBuffer k_buf, v_buf;
+      const bool ring = p.attn_ring_keys[di] >= 0;
+      if (ring || k.dtype() != DType::kF32) {
+        const Shape shape{ring ? p.attn_ring_keys[di] : k.dim(0), k.dim(1), k.dim(2)};
         const size_t bytes = static_cast<size_t>(shape.numel()) * sizeof(float) + 1;
         k_buf = DeviceBuffer(be, bytes);
         v_buf = DeviceBuffer(be, bytes);
-        k = k_buf.view(DType::kF32, shape);
-        v = v_buf.view(DType::kF32, shape);
-        rows[0].kv->read_ring(donor, d.pos0, d.pos0 + shape[0], k, v);
+        const Tensor k32 = k_buf.view(DType::kF32, shape);
+        const Tensor v32 = v_buf.view(DType::kF32, shape);
+        if (ring) {
+          rows[0].kv->read_ring(donor, d.pos0, d.pos0 + shape[0], k32, v32);
+        } else {
+          be.convert(k, k32);
+          be.convert(v, v32);
+        }
+        k = k32;
+        v = v32;
       }
       d.k = HostTensor(DType::kF32, k.shape());
       d.v = HostTensor(DType::kF32, v.shape());
@@ -724,8 +741,8 @@ bool Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
         Tensor gv =
             (donor ? p.donor_gather_v : p.gather_v).slice_rows(0, shape.numel()).reshape(shape);
         if (old > 0) kv.read_ring(l, from, p.pos0, gk.slice_rows(0, old), gv.slice_rows(0, old));
-        be.copy(k_new, gk.slice_rows(old, old + p.n));
-        be.copy(v_new, gv.slice_rows(old, old + p.n));
+        be.convert(k_new, gk.slice_rows(old, old + p.n));
+        be.convert(v_new, gv.slice_rows(old, old + p.n));
         kv.write_ring(l, p.pos0, k_new, v_new);
         p.attn_k[li] = gk;
         p.attn_v[li] = gv;

@@ -88,6 +88,10 @@ struct LoadOptions {
   // Refuse weights holding NaN or infinity at load, naming the tensor (one read
   // of every weight, as it is uploaded; see place_weights). Off skips the read.
   bool scan_weights = true;
+  // Element type of the KV cache (KvCacheSpec::dtype): f32 or bf16. Unset: bf16
+  // for a checkpoint whose product weights are all bf16, f32 otherwise (the f32
+  // golden fixtures keep exact parity with transformers).
+  std::optional<DType> kv_dtype;
   // No option chooses the prefill path: it follows the checkpoint's dtype. A
   // checkpoint whose product weights are all bf16 prefills through the
   // backend's fast path (ForwardOptions::prefill); any other (the f32 golden
