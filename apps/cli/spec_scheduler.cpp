@@ -41,8 +41,8 @@ void add_scheduler_options(CLI::App* cmd, SchedulerArgs& args) {
                   "auto (on for rounds of at least --spec-scheduler-min-rows rows). It only "
                   "shortens what is verified, from the drafter's confidences (DSpark's "
                   "confidence head) and a profiled SPS(B) table; other drafters are not "
-                  "scheduled. Default off: not yet measured faster (vLLM RFC #48202 found no "
-                  "threshold beating the full block at low load)")
+                  "scheduled. Default off: its cuts depend on the other rows, so a seeded sampled "
+                  "request could depend on what runs beside it (greedy output never changes)")
       ->capture_default_str();
   cmd->add_option("--spec-scheduler-min-rows", args.min_rows,
                   "--spec-scheduler auto: the fewest decoding rows a scheduled round has (a "
