@@ -4,6 +4,7 @@ token streams and training windows.
 """
 
 import json
+import lzma
 import math
 import os
 
@@ -17,16 +18,22 @@ from family_common import BOS, EOS, LIMIT_ALPHABET, PAD, SPECIAL_TOKENS, VOCAB
 
 def load_corpus(path):
     """{split: [file texts]} from build_corpus.py's output (manifest offsets)."""
-    with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
+    plain = os.path.join(path, "manifest.json")
+    with (open(plain, encoding="utf-8") if os.path.exists(plain) else
+          lzma.open(plain + ".xz", "rt", encoding="utf-8")) as f:
         manifest = json.load(f)
     docs = {}
     for split in ("train", "valid", "heldout"):
         p = os.path.join(path, f"{split}.txt")
-        if not os.path.exists(p):
+        if os.path.exists(p):
+            with open(p, encoding="utf-8", newline="") as f:
+                text = f.read()
+        elif os.path.exists(p + ".xz"):  # build_corpus.py writes xz so the corpus can travel
+            with lzma.open(p + ".xz", "rt", encoding="utf-8", newline="") as f:
+                text = f.read()
+        else:
             docs[split] = []
             continue
-        with open(p, encoding="utf-8", newline="") as f:
-            text = f.read()
         docs[split] = [text[m["offset"]:m["offset"] + m["chars"]] for m in manifest["files"] if m["split"] == split]
         paths = [m["path"] for m in manifest["files"] if m["split"] == split]
         docs[split + "_paths"] = paths

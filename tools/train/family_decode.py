@@ -119,3 +119,32 @@ def eval_prompts(held_docs, n, length):
             break
         off += 512
     return prompts, sources
+
+
+# ----------------------------------------------------------------------------- loops
+
+
+def repeats_a_line(text, times=3):
+    """True when some line (trailing whitespace ignored) occurs `times` times in a row: the
+    degenerate loop ("mainname = mainname" ...) that issue #32 counts."""
+    lines = [ln.rstrip() for ln in text.split("\n")]
+    run = 1
+    for a, b in zip(lines, lines[1:]):
+        run = run + 1 if a == b else 1
+        if run >= times:
+            return True
+    return False
+
+
+def loop_check(target, tok, prompts, max_new, device, eos):
+    """Greedy continuations of `prompts` (token lists) and how many contain no line repeated
+    three times in a row (the text after the prompt, cut at the first <eos>)."""
+    gens = greedy_decode(target, prompts, max_new, device)
+    texts = []
+    for g in gens:
+        if eos in g:
+            g = g[:g.index(eos)]
+        texts.append(tok.decode(g, skip_special_tokens=False))
+    clean = [not repeats_a_line(t) for t in texts]
+    return dict(prompts=len(prompts), new_tokens=max_new, without_triple_line=sum(clean),
+                fraction=sum(clean) / max(len(clean), 1), examples=[t for t, c in zip(texts, clean) if not c][:3])

@@ -56,11 +56,11 @@ from family_models import (build_model, check_reload, ensure_tied, eval_ce, load
                            save_model, train_target)
 from family_drafter import (balanced_kmeans, check_drafter_parity, generate_pool,  # noqa: E402
                             init_drafter, randomised_copy, train_drafter)
-from family_decode import eval_prompts, greedy_decode, spec_decode, spec_stats  # noqa: E402
+from family_decode import eval_prompts, greedy_decode, loop_check, spec_decode, spec_stats  # noqa: E402
 from family_outputs import (hf_tokenizer_check, model_card, tokenizer_round_trips,  # noqa: E402
                             write_goldens)
 # Also reached by drafter_only.py through this module (tf.<name>).
-from family_common import BOS, GOLDEN_PROMPT_LENS, PAD  # noqa: E402,F401
+from family_common import BOS, EOS, GOLDEN_PROMPT_LENS, PAD  # noqa: E402,F401
 
 
 # ----------------------------------------------------------------------------- main
@@ -99,6 +99,11 @@ def parse_args():
     ap.add_argument("--eval-prompts", type=int, default=64)
     ap.add_argument("--eval-prompt-tokens", type=int, default=64)
     ap.add_argument("--eval-new", type=int, default=64)
+    ap.add_argument("--loop-prompts", type=int, default=64, help="held-out prompts of the loop check")
+    ap.add_argument("--loop-new", type=int, default=96, help="greedy tokens per prompt of the loop check")
+    ap.add_argument("--baseline", default="",
+                    help="a previous target folder (with its tokenizer.json) to evaluate on the same held-out "
+                         "text first, before models/ is overwritten (e.g. models/gemma4-tiny-py)")
     ap.add_argument("--drafter-only", action="store_true",
                     help="retrain only the drafter against the committed target (tools/train/drafter_only.py)")
     ap.add_argument("--pool-seconds", type=float, default=40.0, help="--drafter-only: generation budget")
@@ -121,6 +126,28 @@ def parse_args():
         a.eval_prompts = 8
     a.prompt_lens = [int(x) for x in a.prompt_lens.split(",")]
     return a
+
+
+def evaluate_baseline(path, held_docs, held_chars, loop_prompts, tok, args, device, model_cls):
+    """The previous target (its own tokenizer) on the same held-out text: cross-entropy per token and
+    per character, and the loop check on the same prompt texts (re-encoded with its tokenizer)."""
+    from tokenizers import Tokenizer
+
+    old_tok = Tokenizer.from_file(os.path.join(path, "tokenizer.json"))
+    ids = encode_docs(old_tok, held_docs)
+    stream = torch.tensor([x for d in ids for x in d], dtype=torch.long, device=device)
+    model = load_model(model_cls, path, torch.float32, device)
+    ce = eval_ce(model, windows_of(stream, CTX), 32, False)
+    texts = [tok.decode(p[1:], skip_special_tokens=False) for p in loop_prompts]
+    old_prompts = [[BOS] + e.ids for e in old_tok.encode_batch(texts, add_special_tokens=False)]
+    loops = loop_check(model, old_tok, old_prompts, args.loop_new, device, EOS)
+    del model
+    out = dict(path=path, heldout_ce=ce, heldout_ce_per_char=ce * stream.numel() / held_chars,
+               heldout_tokens=int(stream.numel()), without_triple_line=loops["without_triple_line"],
+               loops=loops)
+    log(f"baseline {path}: held-out CE {ce:.4f} nats/token, {out['heldout_ce_per_char']:.4f} nats/char; "
+        f"loops {loops['without_triple_line']}/{loops['prompts']} clean")
+    return out
 
 
 def main():
@@ -166,6 +193,13 @@ def main():
     streams = {s: torch.tensor([x for d in v for x in d], dtype=torch.long, device=device) for s, v in ids.items()}
     val_windows = windows_of(streams["valid"], CTX)[:64]
     held_windows = windows_of(streams["heldout"], CTX)
+    held_chars = sum(len(d) for d in docs["heldout"])
+    loop_prompts, _ = eval_prompts(ids["heldout"], args.loop_prompts, args.eval_prompt_tokens)
+    if args.baseline:
+        t = time.time()
+        res["baseline"] = evaluate_baseline(args.baseline, docs["heldout"], held_chars, loop_prompts, tok, args,
+                                            device, Gemma4ForCausalLM)
+        run.phase("baseline", time.time() - t, **{k: v for k, v in res["baseline"].items() if k != "loops"})
 
     # ---- budgets: shrink both trainings proportionally if the deadline cannot hold them
     want_t, want_d = args.target_minutes * 60, args.drafter_minutes * 60
@@ -193,9 +227,15 @@ def main():
     del target16
     held_ce = eval_ce(target, held_windows, 32, False)
     valid_ce = eval_ce(target, windows_of(streams["valid"], CTX), 32, False)
+    # nats per character: comparable across tokenizers (the baseline has its own).
+    held_ce_per_char = held_ce * streams["heldout"].numel() / held_chars
+    loops = loop_check(target, tok, loop_prompts, args.loop_new, device, EOS)
+    log(f"loop check: {loops['without_triple_line']}/{loops['prompts']} continuations without a line repeated "
+        f"three times in a row")
     with open(os.path.join(tdir, "config.json")) as fcfg:
         tcfg_json = json.load(fcfg)
     res["target"] = dict(params=n_params_t, training=training, heldout_ce=held_ce, valid_ce=valid_ce,
+                         heldout_ce_per_char=held_ce_per_char, loops=loops,
                          heldout_tokens=int(held_windows[:, 1:].numel()), files=sorted(os.listdir(tdir)),
                          file_bytes=files_t, config=tcfg_json, hf_tokenizer=hf_tokenizer_check(tdir, tok))
     run.phase("target", time.time() - t, heldout_ce=round(held_ce, 4), valid_ce=round(valid_ce, 4),
