@@ -104,7 +104,7 @@ expect_error threads-negative "--threads: -3 is out of range" "$specula" generat
   --prompt-ids 1,2 --threads -3
 
 # chat: a bad line (invalid UTF-8, past the context) costs its turn only; the
-# next line is answered with the bad ones forgotten (a 10-token prompt) and the session ends cleanly.
+# next line is answered with the bad ones forgotten (a 9-token prompt) and the session ends cleanly.
 long_line=$(printf 'word %.0s' $(seq 1 100))
 printf 'bad \xff\xfe line\n%s\nhi\n' "$long_line" |
   "$specula" chat --ctx-size 64 -n 4 --threads 1 >"$tmp/chat.out" 2>"$tmp/chat.err"
@@ -112,7 +112,7 @@ status=$?
 chat_err=$(cat "$tmp/chat.err")
 if [[ $status -eq 0 && $chat_err == *"invalid UTF-8"*"the chat goes on"* &&
   $chat_err == *"exceeds the context size of 64"*"the chat goes on"* &&
-  $chat_err == *"prompt 10 tokens"*"generated 4 tokens"* ]]; then
+  $chat_err == *"prompt 9 tokens"*"generated 4 tokens"* ]]; then
   passed=$((passed + 1))
 else
   failed=$((failed + 1))
@@ -138,10 +138,10 @@ expect_output() {  # name, expected stdout, command... (stdin from the caller)
   fi
 }
 printf 'a\0b' >"$tmp/nul.txt"
-expect_output text-file-nul "334,11,335" "$specula" tokenize --no-special --text-file "$tmp/nul.txt"
-expect_output text-stdin-nul "334,11,335" "$specula" tokenize --no-special --text-file - <"$tmp/nul.txt"
-yes 'hello world' | head -c 3000000 >"$tmp/long.txt"  # 3 MB: 1,500,000 tokens
-expect_output text-stdin-long "1500000" \
+expect_output text-file-nul "332,11,333" "$specula" tokenize --no-special --text-file "$tmp/nul.txt"
+expect_output text-stdin-nul "332,11,333" "$specula" tokenize --no-special --text-file - <"$tmp/nul.txt"
+yes 'hello world' | head -c 3000000 >"$tmp/long.txt"  # 3 MB: 1,250,000 tokens
+expect_output text-stdin-long "1250000" \
   bash -c '"$1" tokenize --no-special --text-file - <"$2" | tr , "\n" | wc -l' _ "$specula" "$tmp/long.txt"
 
 # serve: absurd flags are refused before anything loads; a busy port names itself.
