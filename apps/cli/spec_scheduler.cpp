@@ -130,7 +130,8 @@ speculative::VerifySchedulerOptions scheduler_options(const SchedulerArgs& args,
   const std::string path =
       args.sps_cache.empty() ? default_sps_cache_path(device, model) : args.sps_cache;
   const int64_t max_tokens = static_cast<int64_t>(std::max(1, max_rows)) * (max_k + 1);
-  std::optional<lab::SpsTable> table = lab::load_sps_cache(path, device, model, max_tokens);
+  std::optional<speculative::SpsTable> table =
+      speculative::load_sps_cache(path, device, model, max_tokens);
   if (table) {
     if (!quiet)
       fmt::print(stderr, "SPS table: {} (cached, {} sizes)\n", path, table->points().size());
@@ -159,7 +160,7 @@ speculative::VerifySchedulerOptions scheduler_options(const SchedulerArgs& args,
     }
   }
   if (args.verbose) fmt::print(stderr, "{}", table->describe());
-  o.sps = std::make_shared<const lab::SpsTable>(std::move(*table));
+  o.sps = std::make_shared<const speculative::SpsTable>(std::move(*table));
   return o;
 }
 

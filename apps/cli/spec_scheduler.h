@@ -8,9 +8,9 @@
 
 #include <string>
 
-#include "engine/lab/verify_scheduler.h"
 #include "engine/model/gemma4/gemma4.h"
 #include "engine/speculative/engine.h"
+#include "engine/speculative/verify_scheduler.h"
 
 namespace specula::cli {
 

@@ -39,13 +39,13 @@
 #include <vector>
 
 #include "engine/draft/drafter.h"
-#include "engine/lab/verify_scheduler.h"
 #include "engine/model/gemma4/gemma4.h"
 #include "engine/speculative/decoder.h"
+#include "engine/speculative/verify_scheduler.h"
 
 namespace specula::speculative {
 
-// The verify scheduler (DSpark's Alg. 1, engine/lab/verify_scheduler.h):
+// The verify scheduler (DSpark's Alg. 1, engine/speculative/verify_scheduler.h):
 // after a round's drafts (and any confidence pruning), it verifies of each
 // row only the prefix that maximizes the round's expected throughput
 // τ·SPS(B), B the verified tokens of all rows, from the drafter's
@@ -63,7 +63,7 @@ enum class SchedulerMode {
 struct VerifySchedulerOptions {
   SchedulerMode mode = SchedulerMode::kOff;
   // SPS(B): required (non-empty) unless mode is kOff.
-  std::shared_ptr<const lab::SpsTable> sps;
+  std::shared_ptr<const SpsTable> sps;
   // kAuto: the fewest decoding rows a scheduled round has (>= 1). At low
   // load verifying the whole block is as fast as anything (vLLM RFC #48202).
   int auto_min_rows = 16;

@@ -330,7 +330,7 @@ void Engine::State::schedule_drafts(bool dev_round) {
       ++i;
     }
   }
-  const lab::PrefixSchedule& plan =
+  const PrefixSchedule& plan =
       scheduler.schedule(sched_all_conf, max_k, sched_lengths, *options.scheduler.sps);
   for (size_t a = 0; a < active.size(); ++a) {
     Row& r = *active[a];

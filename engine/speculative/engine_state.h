@@ -153,7 +153,7 @@ struct Engine::State {
   // (configure), and its scratch: the drafting rows' confidences, every
   // active row's draft count, stride max_k.
   bool scheduling = false;
-  lab::VerifyScheduler scheduler;
+  VerifyScheduler scheduler;
   std::vector<double> sched_conf, sched_all_conf;
   std::vector<int> sched_lengths;
   std::vector<uint8_t> step_gathered;

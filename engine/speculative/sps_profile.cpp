@@ -18,7 +18,7 @@ std::vector<int64_t> sps_sizes(int64_t max_tokens) {
   return sizes;
 }
 
-lab::SpsTable profile_sps(gemma4::Gemma4Model& target, const SpsProfileOptions& o) {
+SpsTable profile_sps(gemma4::Gemma4Model& target, const SpsProfileOptions& o) {
   if (o.sizes.empty()) fail("SPS profile: no sizes");
   for (size_t i = 0; i < o.sizes.size(); ++i) {
     if (o.sizes[i] < 1 || (i > 0 && o.sizes[i] <= o.sizes[i - 1])) {
@@ -55,7 +55,7 @@ lab::SpsTable profile_sps(gemma4::Gemma4Model& target, const SpsProfileOptions& 
     target.forward(std::span(&row, 1), fo);
   }
   const std::span<const int32_t> window(ids.data() + o.context, static_cast<size_t>(o.window));
-  std::vector<lab::SpsPoint> points;
+  std::vector<SpsPoint> points;
   std::vector<double> times;
   for (const int64_t B : o.sizes) {
     fwd.clear();
@@ -82,7 +82,7 @@ lab::SpsTable profile_sps(gemma4::Gemma4Model& target, const SpsProfileOptions& 
                              median * 1e3));
     }
   }
-  return lab::SpsTable(std::move(points), o.device, o.model);
+  return SpsTable(std::move(points), o.device, o.model);
 }
 
 }  // namespace specula::speculative

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Profiles SPS(B), the verify steps per second of the target at B tokens, on
 // the device the target runs on: the cost table of the verify scheduler
-// (EngineOptions::scheduler, engine/lab/verify_scheduler.h). The paper
+// (EngineOptions::scheduler, engine/speculative/verify_scheduler.h). The paper
 // profiles it once at start-up; the CLI caches the table in a JSON file.
 #pragma once
 
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/lab/verify_scheduler.h"
 #include "engine/model/gemma4/gemma4.h"
+#include "engine/speculative/verify_scheduler.h"
 
 namespace specula::speculative {
 
@@ -34,7 +34,7 @@ struct SpsProfileOptions {
 // and returns the table. The rows' caches come from the target's pool and go
 // back to it. Throws Error for bad options (naming the field and value) or a
 // size whose rows do not fit the context.
-lab::SpsTable profile_sps(gemma4::Gemma4Model& target, const SpsProfileOptions& options);
+SpsTable profile_sps(gemma4::Gemma4Model& target, const SpsProfileOptions& options);
 
 // 1, 2, 4, 8, ... below max_tokens, then max_tokens (>= 1).
 std::vector<int64_t> sps_sizes(int64_t max_tokens);

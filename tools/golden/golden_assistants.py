@@ -8,10 +8,9 @@ import traceback
 
 import torch
 
-from golden_configs import (ASSISTANTS, EMBED_STD, FULL, K_DRAFT, LINEAR_STD, MAX_NEW, S, SEED, SELECTOR_STD,
-                            SLIDING, TRAIN_BATCH, TRAIN_LR, TRAIN_NEW, TRAIN_SEQS, TRAIN_STEPS, TRAIN_UNROLL,
-                            VOCAB)
-from golden_util import (build_model, config_form, ensure_tied, f32, get_shared_kv, i32, log, logits_margin,
+from golden_configs import (ASSISTANTS, FULL, K_DRAFT, MAX_NEW, S, SEED, SLIDING, TRAIN_BATCH, TRAIN_LR, TRAIN_NEW,
+                            TRAIN_SEQS, TRAIN_STEPS, TRAIN_UNROLL, VOCAB)
+from golden_util import (build_model, ensure_tied, f32, fixture_meta, get_shared_kv, i32, log, logits_margin,
                          randomise, save_and_reload, save_expected, write_meta)
 
 
@@ -310,23 +309,10 @@ def make_assistant(name, out_root, device, meta_common, targets):
                                                           for cl in rec.calls]))
     save_expected(out_dir, exp)
 
-    meta = dict(meta_common)
-    meta.update(
-        fixture=name,
-        kind="assistant",
+    meta = fixture_meta(
+        meta_common, name, "assistant", seed, drafter, cfg_json, names, rep, exp,
         target_fixture=target_name,
-        seed=seed,
-        dtype="float32",
-        model_class=type(drafter).__name__,
-        config=cfg_json,
-        config_form=config_form(cfg_json),
-        checkpoint_tensors=names,
-        randomised_1d_parameters=rep["one_d"],
-        randomised_buffers=rep["buffers"],
-        init={"embed_std": EMBED_STD, "linear_std": LINEAR_STD, "router_centroid_std": SELECTOR_STD,
-              "one_d_and_layer_scalar": "uniform(0.5, 1.5)"},
         drafter_training=training,
-        expected_tensors={k: [str(v.dtype).replace("torch.", ""), list(v.shape)] for k, v in exp.items()},
         assisted_equals_greedy=equal,
         greedy_generate_ids=greedy.tolist(),
         assisted_ids=assisted.tolist(),

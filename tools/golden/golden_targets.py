@@ -6,10 +6,9 @@ import os
 
 import torch
 
-from golden_configs import (E2B_BRIEF_LAYER_TYPES, EMBED_STD, FULL, LINEAR_STD, MAX_NEW, MAX_SEED_ATTEMPTS,
-                            MIN_DISTINCT, MIN_MARGIN, S, SEED, SELECTOR_STD, SLIDING, S_B, TARGETS, VOCAB,
-                            e2b_like_kwargs)
-from golden_util import (build_model, config_form, disable_eos, ensure_tied, f32, get_shared_kv,
+from golden_configs import (E2B_BRIEF_LAYER_TYPES, FULL, MAX_NEW, MAX_SEED_ATTEMPTS, MIN_DISTINCT, MIN_MARGIN, S,
+                            SEED, SLIDING, S_B, TARGETS, VOCAB, e2b_like_kwargs)
+from golden_util import (build_model, config_form, disable_eos, ensure_tied, f32, fixture_meta, get_shared_kv,
                          greedy_margin, i32, load_model, log, logits_margin, randomise, save_and_reload,
                          save_expected, write_meta)
 
@@ -62,24 +61,8 @@ def make_target(name, out_root, device, meta_common):
     disable_eos(model)
     exp, info = target_expectations(model, input_ids, input_ids_b, device, name)
     save_expected(out_dir, exp)
-    meta = dict(meta_common)
-    meta.update(
-        fixture=name,
-        kind="target",
-        seed=seed,
-        seed_attempts=attempts,
-        dtype="float32",
-        model_class=type(model).__name__,
-        config=cfg_json,
-        config_form=config_form(cfg_json),
-        checkpoint_tensors=names,
-        randomised_1d_parameters=rep["one_d"],
-        randomised_buffers=rep["buffers"],
-        init={"embed_std": EMBED_STD, "linear_std": LINEAR_STD, "router_centroid_std": SELECTOR_STD,
-              "one_d_and_layer_scalar": "uniform(0.5, 1.5)"},
-        expected_tensors={k: [str(v.dtype).replace("torch.", ""), list(v.shape)] for k, v in exp.items()},
-        **info,
-    )
+    meta = fixture_meta(meta_common, name, "target", seed, model, cfg_json, names, rep, exp,
+                        seed_attempts=attempts, **info)
     if not attempts[-1]["ok"]:
         meta["caveats"] = ["no seed met the generation-quality bar; the last one was kept"]
     if name == "e2b_like":

@@ -37,8 +37,10 @@ def f32(t):
     return t.detach().to(torch.float32).contiguous().cpu()
 
 
-def build_model(cls, config, dtype):
-    """Instantiates cls from config with eager attention (and eager experts if supported)."""
+def _with_eager_attention(make, dtype):
+    """Returns make(**kw) for the first keyword set this transformers version accepts: eager
+    attention (and eager experts where supported) in `dtype` (older versions spell it torch_dtype).
+    Raises the last error when none is accepted."""
     attempts = [
         dict(attn_implementation="eager", experts_implementation="eager", dtype=dtype),
         dict(attn_implementation="eager", dtype=dtype),
@@ -47,25 +49,20 @@ def build_model(cls, config, dtype):
     last = None
     for kw in attempts:
         try:
-            return cls._from_config(config, **kw)
+            return make(**kw)
         except (TypeError, ValueError) as e:  # keyword unknown or unsupported in this version
             last = e
     raise last
 
 
+def build_model(cls, config, dtype):
+    """Instantiates cls from config with eager attention (and eager experts if supported)."""
+    return _with_eager_attention(lambda **kw: cls._from_config(config, **kw), dtype)
+
+
 def load_model(cls, path, dtype):
-    attempts = [
-        dict(attn_implementation="eager", experts_implementation="eager", dtype=dtype),
-        dict(attn_implementation="eager", dtype=dtype),
-        dict(attn_implementation="eager", torch_dtype=dtype),
-    ]
-    last = None
-    for kw in attempts:
-        try:
-            return cls.from_pretrained(path, **kw)
-        except (TypeError, ValueError) as e:
-            last = e
-    raise last
+    """Loads cls from the checkpoint folder `path`, eager attention as build_model."""
+    return _with_eager_attention(lambda **kw: cls.from_pretrained(path, **kw), dtype)
 
 
 def randomise(model, gen):
@@ -152,6 +149,32 @@ def save_and_reload(model, cls, out_dir, dtype):
     with safe_open(os.path.join(out_dir, "model.safetensors"), "pt") as f:
         names = sorted(f.keys())
     return reloaded, cfg, names
+
+
+def fixture_meta(meta_common, fixture, kind, seed, model, cfg_json, names, rep, exp, **extra):
+    """meta.json's dict for a randomised fp32 fixture (a target or an assistant): meta_common, then
+    the fields both record (identity, config and its form, checkpoint tensor names, what randomise()
+    reported, the init scales, each expected tensor's dtype and shape), then `extra`. A key of
+    `extra` that repeats one of these is a TypeError. write_meta sorts the keys, so their order
+    here does not reach the file."""
+    meta = dict(meta_common)
+    meta.update(
+        fixture=fixture,
+        kind=kind,
+        seed=seed,
+        dtype="float32",
+        model_class=type(model).__name__,
+        config=cfg_json,
+        config_form=config_form(cfg_json),
+        checkpoint_tensors=names,
+        randomised_1d_parameters=rep["one_d"],
+        randomised_buffers=rep["buffers"],
+        init={"embed_std": EMBED_STD, "linear_std": LINEAR_STD, "router_centroid_std": SELECTOR_STD,
+              "one_d_and_layer_scalar": "uniform(0.5, 1.5)"},
+        expected_tensors={k: [str(v.dtype).replace("torch.", ""), list(v.shape)] for k, v in exp.items()},
+        **extra,
+    )
+    return meta
 
 
 def write_meta(out_dir, meta):

@@ -218,6 +218,37 @@ __device__ void chunk_scores(const float* sK, const float* sQ, float* sP, int np
   }
 }
 
+// One task of chunk_values (and chunk_values_late): TP pairs from p0 and one
+// float4 column of the head dim, held in registers (every index below is a
+// compile-time constant once the u loops unroll).
+template <int TP>
+struct ValueTile {
+  int p0;              // first pair of the tile
+  int i;               // float4 column: dims 4i .. 4i + 3
+  int j0[TP], j1[TP];  // pair p0 + u sees keys j0[u] .. j1[u] (j0 > j1: none)
+  float4 acc[TP];      // pair p0 + u's running sums
+
+  // acc[u] += sP[(p0 + u)·kChunk + j] · v_j[4i .. 4i + 3] for the keys j =
+  // from .. to in increasing order, each pair only over its own [j0, j1], one
+  // fmaf per component: the one definition of both callers' sums.
+  __device__ __forceinline__ void add_keys(const float* sV, const float* sP, int from, int to,
+                                           const AttnGeom& g) {
+    for (int j = from; j <= to; ++j) {
+      const float4 vv = reinterpret_cast<const float4*>(sV + j * g.ld)[i];
+#pragma unroll
+      for (int u = 0; u < TP; ++u) {
+        if (j >= j0[u] && j <= j1[u]) {
+          const float w = sP[(p0 + u) * kChunk + j];
+          acc[u].x = fmaf(w, vv.x, acc[u].x);
+          acc[u].y = fmaf(w, vv.y, acc[u].y);
+          acc[u].z = fmaf(w, vv.z, acc[u].z);
+          acc[u].w = fmaf(w, vv.w, acc[u].w);
+        }
+      }
+    }
+  }
+};
+
 // Weighted values of the chunk: for each pair p with a visible key here,
 // acc[d] = Σ_{j = j0..j1} sP[p·kChunk + j] · v_j[d] (increasing j, from 0),
 // written to its partial slot. Task = (tile of TP pairs, float4 column i of
@@ -231,39 +262,26 @@ __device__ void chunk_values(const float* sV, const float* sP, const int* s_j0, 
   const int n4 = (g.d + 3) / 4;
   const int tasks = (np + TP - 1) / TP * n4;
   for (int task = static_cast<int>(threadIdx.x); task < tasks; task += kPartialThreads) {
-    const int p0 = task / n4 * TP;
-    const int i = task % n4;  // dims 4i .. 4i + 3
-    int j0[TP], j1[TP];
-    float4 acc[TP];
+    ValueTile<TP> t;
+    t.p0 = task / n4 * TP;
+    t.i = task % n4;
 #pragma unroll
     for (int u = 0; u < TP; ++u) {
-      const bool real = p0 + u < np;
-      j0[u] = real ? s_j0[p0 + u] : 1;  // j0 > j1: sees nothing
-      j1[u] = real ? s_j1[p0 + u] : 0;
-      acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      const bool real = t.p0 + u < np;
+      t.j0[u] = real ? s_j0[t.p0 + u] : 1;  // j0 > j1: sees nothing
+      t.j1[u] = real ? s_j1[t.p0 + u] : 0;
+      t.acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    for (int j = u0; j <= u1; ++j) {
-      const float4 vv = reinterpret_cast<const float4*>(sV + j * g.ld)[i];
-#pragma unroll
-      for (int u = 0; u < TP; ++u) {
-        if (j >= j0[u] && j <= j1[u]) {
-          const float w = sP[(p0 + u) * kChunk + j];
-          acc[u].x = fmaf(w, vv.x, acc[u].x);
-          acc[u].y = fmaf(w, vv.y, acc[u].y);
-          acc[u].z = fmaf(w, vv.z, acc[u].z);
-          acc[u].w = fmaf(w, vv.w, acc[u].w);
-        }
-      }
-    }
+    t.add_keys(sV, sP, u0, u1, g);
 #pragma unroll
     for (int u = 0; u < TP; ++u) {
-      if (p0 + u >= np || s_entry[p0 + u] < 0) continue;
-      float* dst = part_acc + s_entry[p0 + u] * g.d + 4 * i;
+      if (t.p0 + u >= np || s_entry[t.p0 + u] < 0) continue;
+      float* dst = part_acc + s_entry[t.p0 + u] * g.d + 4 * t.i;
       if (g.vec4) {
-        *reinterpret_cast<float4*>(dst) = acc[u];
+        *reinterpret_cast<float4*>(dst) = t.acc[u];
       } else {
-        const float a[4] = {acc[u].x, acc[u].y, acc[u].z, acc[u].w};
-        for (int e = 0; e < 4 && 4 * i + e < g.d; ++e) dst[e] = a[e];
+        const float a[4] = {t.acc[u].x, t.acc[u].y, t.acc[u].z, t.acc[u].w};
+        for (int e = 0; e < 4 && 4 * t.i + e < g.d; ++e) dst[e] = a[e];
       }
     }
   }
@@ -282,41 +300,25 @@ __device__ void chunk_values_late(const float* sV, const float* sP, const int* s
   const int tasks = (np + TP - 1) / TP * n4;
   const int task = static_cast<int>(threadIdx.x);
   const bool active = task < tasks;
-  const int p0 = active ? task / n4 * TP : 0;
-  const int i = task % n4;  // dims 4i .. 4i + 3
-  int j0[TP], j1[TP];
-  float4 acc[TP];
+  ValueTile<TP> t;
+  t.p0 = active ? task / n4 * TP : 0;
+  t.i = task % n4;
 #pragma unroll
   for (int u = 0; u < TP; ++u) {
-    const bool real = active && p0 + u < np;
-    j0[u] = real ? s_j0[p0 + u] : 1;  // j0 > j1: sees nothing
-    j1[u] = real ? s_j1[p0 + u] : 0;
-    acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    const bool real = active && t.p0 + u < np;
+    t.j0[u] = real ? s_j0[t.p0 + u] : 1;  // j0 > j1: sees nothing
+    t.j1[u] = real ? s_j1[t.p0 + u] : 0;
+    t.acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  const auto add_keys = [&](int from, int to) {
-    for (int j = from; j <= to; ++j) {
-      const float4 vv = reinterpret_cast<const float4*>(sV + j * g.ld)[i];
-#pragma unroll
-      for (int u = 0; u < TP; ++u) {
-        if (j >= j0[u] && j <= j1[u]) {
-          const float w = sP[(p0 + u) * kChunk + j];
-          acc[u].x = fmaf(w, vv.x, acc[u].x);
-          acc[u].y = fmaf(w, vv.y, acc[u].y);
-          acc[u].z = fmaf(w, vv.z, acc[u].z);
-          acc[u].w = fmaf(w, vv.w, acc[u].w);
-        }
-      }
-    }
-  };
-  if (active) add_keys(u0, min(u1, v_early - 1));
+  if (active) t.add_keys(sV, sP, u0, min(u1, v_early - 1), g);
   __pipeline_wait_prior(0);  // this thread's late V rows have landed
   __syncthreads();           // ... and everyone's, and the ones finished in place
   if (!active) return;
-  add_keys(max(u0, v_early), u1);
+  t.add_keys(sV, sP, max(u0, v_early), u1, g);
 #pragma unroll
   for (int u = 0; u < TP; ++u) {
-    if (p0 + u >= np || s_entry[p0 + u] < 0) continue;
-    *reinterpret_cast<float4*>(part_acc + s_entry[p0 + u] * g.d + 4 * i) = acc[u];
+    if (t.p0 + u >= np || s_entry[t.p0 + u] < 0) continue;
+    *reinterpret_cast<float4*>(part_acc + s_entry[t.p0 + u] * g.d + 4 * t.i) = t.acc[u];
   }
 }
 

@@ -91,6 +91,15 @@ LayoutPtr make_layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t l
   return LayoutPtr(l);
 }
 
+// Sets one attribute of a matmul preference to `value` (its bytes, as the
+// attribute's type: uint64_t for the workspace, uint32_t for alignments);
+// `what` names the call in the error.
+template <typename T>
+void set_preference(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr,
+                    const T& value, const char* what) {
+  check_cublas(cublasLtMatmulPreferenceSetAttribute(p, attr, &value, sizeof(value)), what);
+}
+
 // (device, M, N, K, alignment of w's bf16 data, alignment of y).
 using LtKey = std::tuple<int, int64_t, int64_t, int64_t, uint32_t, uint32_t>;
 
@@ -128,21 +137,16 @@ struct LtPlan {
     PreferencePtr pref(p);
     const uint64_t workspace = kLtWorkspaceBytes;
     const uint32_t align_b = 256;  // x's bf16 copy lives in cudaMalloc'd scratch
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &workspace, sizeof(workspace)),
-                 "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                      &align_a, sizeof(align_a)),
-                 "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_A_BYTES)");
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                      &align_b, sizeof(align_b)),
-                 "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_B_BYTES)");
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                      &align_c, sizeof(align_c)),
-                 "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_C_BYTES)");
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                      &align_c, sizeof(align_c)),
-                 "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_D_BYTES)");
+    set_preference(p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace,
+                   "cublasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)");
+    set_preference(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a,
+                   "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_A_BYTES)");
+    set_preference(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b,
+                   "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_B_BYTES)");
+    set_preference(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c,
+                   "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_C_BYTES)");
+    set_preference(p, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c,
+                   "cublasLtMatmulPreferenceSetAttribute(MIN_ALIGNMENT_D_BYTES)");
 
     cublasLtMatmulHeuristicResult_t result{};
     int count = 0;

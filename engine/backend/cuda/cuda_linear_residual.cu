@@ -34,12 +34,14 @@ constexpr int kThreads = 256;
 constexpr int kGroupLanes = 8;      // lanes per column
 constexpr int kColumnsPerWarp = 4;  // 32 / kGroupLanes
 
+// Eight bf16 (one 16-byte load) widened exactly to f32 in element order.
 __device__ __forceinline__ void widen_bf16x8(uint4 v, float (&out)[8]) {
   const uint32_t words[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    out[2 * i] = __uint_as_float(words[i] << 16);
-    out[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    // Little-endian: the lower-addressed element is the low half.
+    out[2 * i] = widen16<DType::kBF16>(words[i] & 0xffffu);
+    out[2 * i + 1] = widen16<DType::kBF16>(words[i] >> 16);
   }
 }
 

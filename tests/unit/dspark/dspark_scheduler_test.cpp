@@ -48,14 +48,15 @@ std::string error_of(const std::function<void()>& f) {
 
 // Steps per second falling steeply past a few tokens: the scheduler must
 // cut (at B = 8 a token more costs more than any draft can bring).
-std::shared_ptr<const lab::SpsTable> slow_large_b() {
-  return std::make_shared<const lab::SpsTable>(
-      std::vector<lab::SpsPoint>{{1, 1000.0}, {4, 800.0}, {8, 300.0}, {64, 20.0}}, "test", "test");
+std::shared_ptr<const speculative::SpsTable> slow_large_b() {
+  return std::make_shared<const speculative::SpsTable>(
+      std::vector<speculative::SpsPoint>{{1, 1000.0}, {4, 800.0}, {8, 300.0}, {64, 20.0}}, "test",
+      "test");
 }
 // The same cost at every B: every draft with a survival above 0 pays.
-std::shared_ptr<const lab::SpsTable> flat() {
-  return std::make_shared<const lab::SpsTable>(
-      std::vector<lab::SpsPoint>{{1, 500.0}, {4096, 500.0}}, "test", "test");
+std::shared_ptr<const speculative::SpsTable> flat() {
+  return std::make_shared<const speculative::SpsTable>(
+      std::vector<speculative::SpsPoint>{{1, 500.0}, {4096, 500.0}}, "test", "test");
 }
 
 std::vector<DecodeRequest> requests(int n, uint32_t seed, int max_tokens, float temperature = 0) {
@@ -283,7 +284,7 @@ TEST_F(DSparkSchedulerTest, ProfilesSpsOnTheDeviceAndCachesIt) {
   EXPECT_EQ(sizes, (std::vector<int64_t>{1, 2, 4, 8, 12}));
   EXPECT_EQ(speculative::sps_sizes(1), (std::vector<int64_t>{1}));
   int lines = 0;
-  const lab::SpsTable t =
+  const speculative::SpsTable t =
       speculative::profile_sps(*target_, {.sizes = sizes,
                                           .window = 5,
                                           .context = 16,
@@ -301,20 +302,21 @@ TEST_F(DSparkSchedulerTest, ProfilesSpsOnTheDeviceAndCachesIt) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   const std::string path = dir + "/sps.json";
-  EXPECT_FALSE(lab::load_sps_cache(path, "cpu-test", "dense_kev", 12)) << "no file yet";
+  EXPECT_FALSE(speculative::load_sps_cache(path, "cpu-test", "dense_kev", 12)) << "no file yet";
   t.save(path);
-  const auto back = lab::load_sps_cache(path, "cpu-test", "dense_kev", 12);
+  const auto back = speculative::load_sps_cache(path, "cpu-test", "dense_kev", 12);
   ASSERT_TRUE(back);
   EXPECT_EQ(back->points().size(), 5u);
   EXPECT_EQ(back->steps_per_sec(8), t.steps_per_sec(8));
-  EXPECT_FALSE(lab::load_sps_cache(path, "cpu-test", "dense_kev", 13)) << "too short: profile";
+  EXPECT_FALSE(speculative::load_sps_cache(path, "cpu-test", "dense_kev", 13))
+      << "too short: profile";
   const std::string other_device =
-      error_of([&] { lab::load_sps_cache(path, "cuda", "dense_kev", 1); });
+      error_of([&] { speculative::load_sps_cache(path, "cuda", "dense_kev", 1); });
   EXPECT_NE(other_device.find(path), std::string::npos) << other_device;
   EXPECT_NE(other_device.find("cpu-test"), std::string::npos) << other_device;
   EXPECT_NE(other_device.find("\"cuda\""), std::string::npos) << other_device;
   const std::string other_model =
-      error_of([&] { lab::load_sps_cache(path, "cpu-test", "e2b", 1); });
+      error_of([&] { speculative::load_sps_cache(path, "cpu-test", "e2b", 1); });
   EXPECT_NE(other_model.find("e2b"), std::string::npos) << other_model;
   // Bad profile options are named.
   EXPECT_NE(error_of([&] {

@@ -290,8 +290,9 @@ TEST(SpeculativeChains, EveryPositionFollowsTheTarget) {
   // plus 0.01 ms a token, so at the ~400-1000 tokens of these rounds a draft
   // is verified only when its survival is above ~0.2 of τ/B: real cuts, by
   // Alg. 1's stopping rule, and real verified drafts.
-  const auto sps = std::make_shared<const lab::SpsTable>(
-      std::vector<lab::SpsPoint>{{1, 1000.0 / 20.01}, {4096, 1000.0 / 60.96}}, "test", "test");
+  const auto sps = std::make_shared<const speculative::SpsTable>(
+      std::vector<speculative::SpsPoint>{{1, 1000.0 / 20.01}, {4096, 1000.0 / 60.96}}, "test",
+      "test");
   SamplingWorkspace ws(V);
   int64_t all_bonus = 0, impossible = 0;
   double worst_logprob_diff = 0;

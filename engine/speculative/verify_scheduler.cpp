@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "engine/lab/verify_scheduler.h"
+#include "engine/speculative/verify_scheduler.h"
 
 #include <fmt/format.h>
 
@@ -13,7 +13,7 @@
 #include "engine/core/error.h"
 #include "engine/io/json_util.h"
 
-namespace specula::lab {
+namespace specula::speculative {
 namespace {
 
 constexpr const char* kSpsKind = "specula-sps-table";
@@ -239,4 +239,4 @@ const PrefixSchedule& VerifyScheduler::schedule(const std::vector<std::vector<do
   return schedule(flat_, stride, lengths_, sps);
 }
 
-}  // namespace specula::lab
+}  // namespace specula::speculative

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// The prefix scheduler of DSpark's Alg. 1 (engine/lab/verify_scheduler.h):
+// The prefix scheduler of DSpark's Alg. 1 (engine/speculative/verify_scheduler.h):
 // its outputs are prefixes chosen along the survival order, and the early
 // break keeps speculative sampling exact, shown on the paper's Appendix A
 // counterexample by simulating exact speculative sampling (verify_window, the
 // engine's one definition) with and without the break.
-#include "engine/lab/verify_scheduler.h"
+#include "engine/speculative/verify_scheduler.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -18,11 +18,11 @@
 #include "engine/sampling/speculative.h"
 #include "tests/unit/lab/lab_test_util.h"
 
-namespace specula::lab {
+namespace specula::speculative {
 namespace {
 
+using lab::testing::Rng;
 using ::testing::HasSubstr;
-using testing::Rng;
 
 struct Cand {
   double survival;
@@ -125,7 +125,7 @@ SpsTable appendix_a_sps() {
   return SpsTable({{1, 1.0}, {2, 0.5}, {3, 0.45}});
 }
 
-TEST(LabVerifyScheduler, AppendixANumbers) {
+TEST(VerifyScheduler, AppendixANumbers) {
   const SpsTable sps = appendix_a_sps();
   VerifyScheduler scheduler;
   for (int32_t x1 : {0, 1}) {
@@ -141,7 +141,7 @@ TEST(LabVerifyScheduler, AppendixANumbers) {
   EXPECT_EQ(global_search_without_break({appendix_a_confidences(1)}, sps), std::vector<int>{0});
 }
 
-TEST(LabVerifyScheduler, AppendixABreakKeepsTheTargetDistribution) {
+TEST(VerifyScheduler, AppendixABreakKeepsTheTargetDistribution) {
   const SpsTable sps = appendix_a_sps();
   VerifyScheduler scheduler;
   constexpr int kTrials = 200000;
@@ -165,7 +165,7 @@ TEST(LabVerifyScheduler, AppendixABreakKeepsTheTargetDistribution) {
   }
 }
 
-TEST(LabVerifyScheduler, BreakIsExactWhenLengthsVary) {
+TEST(VerifyScheduler, BreakIsExactWhenLengthsVary) {
   // SPS(1..3) = 1.0, 0.9, 0.7: Θ_1 = 1.8 · 0.9 = 1.62 > 1 admits x_1; Θ_2 =
   // (1.8 + 0.8 c_2) · 0.7 is 1.764 after A (admit x_2) and 1.26 after B (stop),
   // so ℓ depends on x_1 — which is allowed, because it decides x_2's fate, not
@@ -194,7 +194,7 @@ TEST(LabVerifyScheduler, BreakIsExactWhenLengthsVary) {
   EXPECT_LT(chi_square(pairs, {0.49, 0.21, 0.21, 0.09}), 16.27);
 }
 
-TEST(LabVerifyScheduler, FlatAndSteepCostCurves) {
+TEST(VerifyScheduler, FlatAndSteepCostCurves) {
   VerifyScheduler scheduler;
   // Free extra tokens: every positive survival is admitted; a zero confidence
   // ends its row.
@@ -212,7 +212,7 @@ TEST(LabVerifyScheduler, FlatAndSteepCostCurves) {
   EXPECT_TRUE(scheduler.schedule(std::vector<std::vector<double>>{}, flat).lengths.empty());
 }
 
-TEST(LabVerifyScheduler, TiesGoToTheLowerRowThenPosition) {
+TEST(VerifyScheduler, TiesGoToTheLowerRowThenPosition) {
   VerifyScheduler scheduler;
   // Room for exactly one more token: B = 2 -> 3 raises Θ, 3 -> 4 does not.
   const SpsTable sps({{2, 1.0}, {3, 0.9}, {4, 0.5}});
@@ -223,7 +223,7 @@ TEST(LabVerifyScheduler, TiesGoToTheLowerRowThenPosition) {
   EXPECT_EQ(scheduler.schedule(rows, two).lengths, (std::vector<int>{2, 0}));
 }
 
-TEST(LabVerifyScheduler, RandomCasesArePrefixesAlongTheSurvivalOrder) {
+TEST(VerifyScheduler, RandomCasesArePrefixesAlongTheSurvivalOrder) {
   Rng rng(123);
   VerifyScheduler scheduler;
   for (int trial = 0; trial < 400; ++trial) {
@@ -282,7 +282,7 @@ TEST(LabVerifyScheduler, RandomCasesArePrefixesAlongTheSurvivalOrder) {
   }
 }
 
-TEST(LabVerifyScheduler, BadConfidencesNameRowAndPosition) {
+TEST(VerifyScheduler, BadConfidencesNameRowAndPosition) {
   VerifyScheduler scheduler;
   const SpsTable sps({{1, 1.0}});
   for (double bad : {std::nan(""), -0.1, 1.5}) {
@@ -301,7 +301,7 @@ TEST(LabVerifyScheduler, BadConfidencesNameRowAndPosition) {
   EXPECT_THROW(scheduler.schedule({{0.5}}, SpsTable()), Error);
 }
 
-TEST(LabSpsTable, InterpolatesStepTimeAndClamps) {
+TEST(SpsTable, InterpolatesStepTimeAndClamps) {
   const SpsTable t({{2, 100.0}, {4, 50.0}, {8, 40.0}}, "cpu", "tiny");
   EXPECT_EQ(t.steps_per_sec(1), 100.0);  // below the first point: the first point's
   EXPECT_EQ(t.steps_per_sec(2), 100.0);
@@ -321,7 +321,7 @@ TEST(LabSpsTable, InterpolatesStepTimeAndClamps) {
   EXPECT_THROW(SpsTable({{1, INFINITY}}), Error);
 }
 
-TEST(LabSpsTable, JsonRoundTripAndVerboseForm) {
+TEST(SpsTable, JsonRoundTripAndVerboseForm) {
   const SpsTable t({{1, 55.5}, {8, 50.25}, {64, 20.0}}, "NVIDIA H200", "gemma-4-31b");
   const SpsTable back = SpsTable::from_json(t.to_json(), "sps.json");
   ASSERT_EQ(back.points().size(), 3u);
@@ -337,7 +337,7 @@ TEST(LabSpsTable, JsonRoundTripAndVerboseForm) {
   EXPECT_THAT(text, HasSubstr("50.25"));
   EXPECT_THAT(text, HasSubstr("1280.0"));  // 64 · 20 tokens/s
 
-  testing::ScratchDir dir("sps");
+  lab::testing::ScratchDir dir("sps");
   t.save(dir.file("sps.json"));
   EXPECT_EQ(SpsTable::load(dir.file("sps.json")).points().back().tokens, 64);
   try {
@@ -349,7 +349,7 @@ TEST(LabSpsTable, JsonRoundTripAndVerboseForm) {
   EXPECT_THROW(SpsTable::load(dir.file("absent.json")), Error);
 }
 
-TEST(LabSpsTable, BadJsonNamesFieldAndValue) {
+TEST(SpsTable, BadJsonNamesFieldAndValue) {
   auto expect_error = [](const std::string& text, const std::string& what) {
     try {
       SpsTable::from_json(text, "cache/sps.json");
@@ -375,4 +375,4 @@ TEST(LabSpsTable, BadJsonNamesFieldAndValue) {
 }
 
 }  // namespace
-}  // namespace specula::lab
+}  // namespace specula::speculative

@@ -4,7 +4,7 @@
 // It decides how many of each row's drafts are verified; it never changes a
 // draft, so a row's verified window is a prefix of what was drafted and
 // speculative sampling stays exact (see the early break below, and
-// tests/unit/lab/verify_scheduler_test.cpp for the paper's Appendix A case).
+// tests/unit/speculative/verify_scheduler_test.cpp for the paper's Appendix A case).
 #pragma once
 
 #include <cstdint>
@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-namespace specula::lab {
+namespace specula::speculative {
 
 // One profiled point: a verify forward of `tokens` tokens (all rows' windows
 // together) runs `steps_per_sec` times a second.
@@ -126,4 +126,4 @@ class VerifyScheduler {
   PrefixSchedule result_;
 };
 
-}  // namespace specula::lab
+}  // namespace specula::speculative
