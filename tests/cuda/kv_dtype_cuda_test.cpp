@@ -321,18 +321,17 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaKvDtypeSpeculation,
                          ::testing::Values(Pair{"e2b_like", "e2b_like_assistant"},
                                            Pair{"dense_kev", "dense_kev_assistant"}));
 
-// The embedded family (bf16 weights) with a bf16 cache on CUDA:
+// The embedded family (bf16 weights: a bf16 cache by default) on CUDA:
 // speculation matches plain decoding, and prefill logits over a bf16 cache
 // match the CPU's over its bf16 cache.
-TEST(CudaKvDtypeEmbedded, Bf16CacheSpeculationMatchesPlainAndTheCpu) {
+TEST(CudaKvDtypeEmbedded, DefaultBf16CacheSpeculationMatchesPlainAndTheCpu) {
   SKIP_WITHOUT_CUDA();
   const std::string dir = std::string(SPECULA_SOURCE_DIR) + "/models/gemma4-tiny-py";
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP();
-  auto gpu = gemma4::Gemma4Model::load(dir, cuda_bf16_kv());
+  auto gpu = gemma4::Gemma4Model::load(dir, on_cuda());
   ASSERT_EQ(gpu->kv_spec().dtype, DType::kBF16);
-  gemma4::LoadOptions cpu_options;
-  cpu_options.kv_dtype = DType::kBF16;
-  auto cpu = gemma4::Gemma4Model::load(dir, cpu_options);
+  auto cpu = gemma4::Gemma4Model::load(dir);
+  ASSERT_EQ(cpu->kv_spec().dtype, DType::kBF16);
   auto drafter = assistant::AssistantModel::load(dir + "-assistant", gpu->config(), gpu->backend());
   assistant::AssistantDrafter source(*gpu, *drafter);
   std::vector<int32_t> ids;
