@@ -131,10 +131,10 @@ void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft) {
                   "Device to run on: cpu, cuda or cuda:N (cuda needs a build with SPECULA_CUDA)")
       ->capture_default_str();
   cmd->add_option("--kv-dtype,--kv-cache-dtype", args.kv_dtype,
-                  "KV cache element type: auto (f32 for now: a bf16 cache does not yet use the "
-                  "fused decode kernel), f32 or bf16 (half the memory: twice the tokens fit; keys "
-                  "and values are rounded "
-                  "to bf16 as they are stored, attention still computes in f32)")
+                  "KV cache element type: auto (bf16 for a checkpoint whose product weights are "
+                  "all bf16, f32 otherwise), f32 or bf16 (half the memory: twice the tokens fit; "
+                  "keys and values are rounded to bf16 as they are stored, attention still "
+                  "computes in f32)")
       ->capture_default_str();
   cmd->add_flag("--no-weight-scan", args.no_weight_scan,
                 "Skip the load-time check that every weight is finite (no NaN or inf); it reads "

@@ -6,7 +6,10 @@
 // windows, sliding rings that wrap and full caches, positions at chunk edges,
 // GQA groups of 2 and 8, head dims 64 to 512, v from k, separate v and
 // KV-shared (q only) layers, f32 and bf16 norm weights, windows of several
-// pair tiles; calls the fused kernel does not take give the same bytes as well.
+// pair tiles, f32 and bf16 caches (a bf16 cache: the same bytes as the
+// composition, whose store rounds the finished rows, and the CPU's attention
+// over the rounded cache; its new rows within one bf16 ulp of the CPU's);
+// calls the fused kernel does not take give the same bytes as well.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -37,14 +40,16 @@ struct FusedCase {
   int64_t full_rows = 1024;  // rows of a full cache (more than last)
   Kv kv = Kv::kSeparateV;
   DType norm_dtype = DType::kBF16;
+  DType cache_dtype = DType::kF32;
 
   std::string label() const {
-    return fmt::format("S={} H={}/{} D={} last={} {} {} norms {}", s, heads, kv_heads, d, last,
-                       ring ? "ring" : "full",
+    return fmt::format("S={} H={}/{} D={} last={} {} {} norms {} cache {}", s, heads, kv_heads, d,
+                       last, ring ? "ring" : "full",
                        kv == Kv::kQOnly    ? "q only"
                        : kv == Kv::kVFromK ? "v from k"
                                            : "separate v",
-                       norm_dtype == DType::kF32 ? "f32" : "bf16");
+                       norm_dtype == DType::kF32 ? "f32" : "bf16",
+                       cache_dtype == DType::kF32 ? "f32" : "bf16");
   }
 };
 
@@ -98,6 +103,14 @@ Inputs make_inputs(const FusedCase& c, uint64_t seed) {
   in.cache_k->randomize(seed++, -1.0f, 1.0f);
   in.cache_v = std::make_unique<Twin>(DType::kF32, Shape{rows, kv, d});
   in.cache_v->randomize(seed++, -1.0f, 1.0f);
+  if (c.cache_dtype == DType::kBF16) {  // the same values rounded (the CPU's rule)
+    for (std::unique_ptr<Twin>* cache : {&in.cache_k, &in.cache_v}) {
+      auto b = std::make_unique<Twin>(DType::kBF16, Shape{rows, kv, d});
+      cpu_be().convert((*cache)->host, b->host);
+      b->push();
+      *cache = std::move(b);
+    }
+  }
   return in;
 }
 
@@ -167,17 +180,39 @@ Outputs fresh_outputs(const FusedCase& c, const Inputs& t) {
   return o;
 }
 
+// f32 or bf16 tensors, element by element (the first differing one is named).
 void expect_same_bytes(const HostTensor& got, const HostTensor& want, const std::string& what) {
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
   ASSERT_EQ(got.view().nbytes(), want.view().nbytes()) << what;
-  const auto* g = static_cast<const float*>(got.view().data());
-  const auto* w = static_cast<const float*>(want.view().data());
+  const size_t size = dtype_size(want.dtype());
+  const auto* g = static_cast<const char*>(got.view().data());
+  const auto* w = static_cast<const char*>(want.view().data());
   for (int64_t i = 0; i < want.view().numel(); ++i) {
-    if (std::memcmp(&g[i], &w[i], sizeof(float)) != 0) {
-      ADD_FAILURE() << what << ": element " << i << " is " << g[i] << ", want " << w[i];
+    const size_t at = static_cast<size_t>(i) * size;
+    if (std::memcmp(g + at, w + at, size) != 0) {
+      if (size == sizeof(float)) {
+        float a = 0, b = 0;
+        std::memcpy(&a, g + at, sizeof(float));
+        std::memcpy(&b, w + at, sizeof(float));
+        ADD_FAILURE() << what << ": element " << i << " is " << a << ", want " << b;
+      } else {
+        ADD_FAILURE() << what << ": element " << i << " differs";
+      }
       return;
     }
   }
 }
+
+// t as f32 (a copy; bf16 widened exactly).
+HostTensor as_f32(const HostTensor& t) {
+  HostTensor f(DType::kF32, t.shape());
+  cpu_be().convert(t.view(), f.view());
+  return f;
+}
+
+// One bf16 ulp relative to the largest element: a bf16 cache row rounded from
+// an f32 value one ulp away from the CPU's may land one bf16 step away.
+constexpr float kBf16CacheTol = 0x1p-7f;
 
 // Runs the case three ways; returns whether the fused kernel ran (it leaves q
 // as it was, where attention_inputs finishes it in place).
@@ -199,14 +234,34 @@ bool check(const FusedCase& c, uint64_t seed = 1) {
                            *cpu.out, false);
   cpu_be().attention_with_inputs(h.in, h.ap);
 
-  const auto compare = [&](std::unique_ptr<Twin> Outputs::*which, const char* name) {
+  const bool bf16 = c.cache_dtype == DType::kBF16;
+  const auto compare = [&](std::unique_ptr<Twin> Outputs::*which, const char* name, float tol) {
     const HostTensor got = (fused.*which)->pull();
     expect_same_bytes(got, (composed.*which)->pull(), what + " " + name + " vs the composition");
-    expect_close(got, (cpu.*which)->host, kTol, (what + " " + name + " vs cpu").c_str());
+    if (tol > 0) {
+      expect_close(as_f32(got), as_f32((cpu.*which)->host), tol,
+                   (what + " " + name + " vs cpu").c_str());
+    }
   };
-  compare(&Outputs::out, "out");
-  compare(&Outputs::cache_k, "cache_k");
-  compare(&Outputs::cache_v, "cache_v");
+  // With a bf16 cache the CPU may round a new row one step away, which moves
+  // its outputs by more than kTol: out is checked (below) against the CPU's
+  // attention over the GPU's cache and finished q rows (the composition
+  // finishes q in place).
+  compare(&Outputs::out, "out", bf16 ? 0.0f : kTol);
+  compare(&Outputs::cache_k, "cache_k", bf16 ? kBf16CacheTol : kTol);
+  compare(&Outputs::cache_v, "cache_v", bf16 ? kBf16CacheTol : kTol);
+  if (bf16) {
+    const HostTensor q_done = composed.q->pull();
+    const HostTensor ck = fused.cache_k->pull(), cv = fused.cache_v->pull();
+    HostTensor want(DType::kF32, cpu.out->host.shape());
+    AttentionParams ap = h.ap;
+    ap.q = q_done.view();
+    ap.k = c.ring ? ck.view() : ck.view().slice_rows(0, c.last + 1);
+    ap.v = c.ring ? cv.view() : cv.view().slice_rows(0, c.last + 1);
+    ap.out = want.view();
+    cpu_be().attention(ap);
+    expect_close(fused.out->pull(), want, kTol, (what + " out vs cpu attention").c_str());
+  }
   const HostTensor q_after = fused.q->pull();
   return std::memcmp(q_after.view().data(), t.q->host.view().data(), t.q->host.view().nbytes()) ==
          0;
@@ -329,6 +384,175 @@ TEST(CudaAttentionFused, LateValueRowsOfVerifyWindows) {
   }
   // A long full cache: 16 chunks of 32 kv heads.
   EXPECT_TRUE(check({.s = 5, .heads = 64, .kv_heads = 32, .last = 511, .ring = false}));
+}
+
+// bf16 caches (issue #30): decode steps and verify windows over rings that
+// wrap and full caches, each kind of v, 31B's and E2B's shapes, windows of
+// several pair tiles and late V rows all take the fused kernel.
+TEST(CudaAttentionFused, Bf16CachesTakeTheFusedKernel) {
+  SKIP_WITHOUT_CUDA();
+  constexpr DType kB = DType::kBF16;
+  for (int64_t s : {1, 5}) {
+    for (int64_t last : {0, 31, 33, 64, 100, 511}) {
+      if (last - s + 1 < 0) continue;
+      for (Kv kv : {Kv::kSeparateV, Kv::kVFromK, Kv::kQOnly}) {
+        EXPECT_TRUE(check({.s = s, .last = last, .ring = true, .kv = kv, .cache_dtype = kB}))
+            << "took the composition: S " << s << " last " << last;
+      }
+    }
+  }
+  for (int64_t last : {0, 32, 200, 600}) {
+    EXPECT_TRUE(check({.s = 1,
+                       .heads = 16,
+                       .kv_heads = 2,
+                       .d = 512,
+                       .last = last,
+                       .ring = false,
+                       .kv = Kv::kVFromK,
+                       .cache_dtype = kB}));
+    EXPECT_TRUE(check({.s = 4,
+                       .heads = 8,
+                       .kv_heads = 1,
+                       .d = 256,
+                       .last = last + 3,
+                       .ring = false,
+                       .kv = Kv::kSeparateV,
+                       .norm_dtype = DType::kF32,
+                       .cache_dtype = kB}));
+    EXPECT_TRUE(check({.s = 1,
+                       .heads = 8,
+                       .kv_heads = 1,
+                       .d = 512,
+                       .last = last,
+                       .ring = false,
+                       .kv = Kv::kQOnly,
+                       .cache_dtype = kB}));
+  }
+  for (int64_t d : {64, 128}) {
+    EXPECT_TRUE(check(
+        {.s = 5, .heads = 4, .kv_heads = 2, .d = d, .last = 70, .ring = true, .cache_dtype = kB}));
+  }
+  // Several pair tiles (31B's full-attention verify window: 40 pairs).
+  EXPECT_TRUE(check({.s = 5,
+                     .heads = 16,
+                     .kv_heads = 2,
+                     .d = 512,
+                     .last = 35,
+                     .ring = false,
+                     .kv = Kv::kVFromK,
+                     .cache_dtype = kB}));
+  EXPECT_TRUE(check(
+      {.s = 17, .heads = 8, .kv_heads = 4, .d = 256, .last = 90, .ring = true, .cache_dtype = kB}));
+  // Late V rows (see LateValueRowsOfVerifyWindows), each kind of v.
+  constexpr int64_t kKv = 128;
+  ASSERT_EQ(cuda::attention_fused_late_v_rows(256, 10, 3 * kKv), 20);
+  for (int64_t last : {87, 96}) {
+    for (Kv kv : {Kv::kSeparateV, Kv::kVFromK, Kv::kQOnly}) {
+      EXPECT_TRUE(check(
+          {.s = 5, .heads = 2 * kKv, .kv_heads = kKv, .last = last, .kv = kv, .cache_dtype = kB}));
+      EXPECT_TRUE(check({.s = 5,
+                         .heads = 2 * kKv,
+                         .kv_heads = kKv,
+                         .last = last,
+                         .ring = false,
+                         .full_rows = 128,
+                         .kv = kv,
+                         .cache_dtype = kB}));
+    }
+  }
+}
+
+// A KV-shared layer (q only: the fused kernel writes no cache row) over a
+// bf16 cache gives the same bits as over an f32 cache holding the same
+// (rounded) values: the staged rows are their exact widening.
+TEST(CudaAttentionFused, Bf16CacheEqualsF32CacheOfTheRoundedValues) {
+  SKIP_WITHOUT_CUDA();
+  for (const bool ring : {true, false}) {
+    for (int64_t s : {1, 5}) {
+      FusedCase c{.s = s,
+                  .heads = 16,
+                  .kv_heads = 2,
+                  .d = 256,
+                  .last = 300,
+                  .ring = ring,
+                  .kv = Kv::kQOnly,
+                  .cache_dtype = DType::kBF16};
+      SCOPED_TRACE(c.label());
+      const Inputs t = make_inputs(c, 3);
+      Outputs b = fresh_outputs(c, t);
+      Outputs f = fresh_outputs(c, t);
+      // f: the same cache widened to f32.
+      for (std::unique_ptr<Twin> Outputs::*which : {&Outputs::cache_k, &Outputs::cache_v}) {
+        auto w = std::make_unique<Twin>(DType::kF32, (f.*which)->host.shape());
+        const HostTensor wide = as_f32((f.*which)->host);
+        std::memcpy(w->host.view().data(), wide.view().data(), wide.view().nbytes());
+        w->push();
+        f.*which = std::move(w);
+      }
+      const Call cb = make_call(c, t, *b.q, nullptr, nullptr, *b.cache_k, *b.cache_v, *b.out, true);
+      gpu_be().attention_with_inputs(cb.in, cb.ap);
+      const Call cf = make_call(c, t, *f.q, nullptr, nullptr, *f.cache_k, *f.cache_v, *f.out, true);
+      gpu_be().attention_with_inputs(cf.in, cf.ap);
+      expect_same_bytes(b.out->pull(), f.out->pull(), "out: bf16 cache vs f32 of its values");
+      // Both took the fused kernel (q left as it was).
+      const HostTensor qb = b.q->pull(), qf = f.q->pull();
+      EXPECT_EQ(std::memcmp(qb.view().data(), t.q->host.view().data(), qb.view().nbytes()), 0);
+      EXPECT_EQ(std::memcmp(qf.view().data(), t.q->host.view().data(), qf.view().nbytes()), 0);
+    }
+  }
+}
+
+// Decode steps over a bf16 cache agree bit for bit with the verify window
+// that wrote the same rows: each query of a fused window of 5 equals a fused
+// decode step (1 query, its own row written again, to the same bits) at its
+// position over the cache the window left.
+TEST(CudaAttentionFused, Bf16CacheDecodeEqualsVerifyWindow) {
+  SKIP_WITHOUT_CUDA();
+  for (const bool ring : {true, false}) {
+    FusedCase w{.s = 5,
+                .heads = 8,
+                .kv_heads = 2,
+                .d = 256,
+                .last = 200,
+                .ring = ring,
+                .kv = Kv::kSeparateV,
+                .cache_dtype = DType::kBF16};
+    SCOPED_TRACE(w.label());
+    const Inputs t = make_inputs(w, 5);
+    Outputs win = fresh_outputs(w, t);
+    const Call cw = make_call(w, t, *win.q, win.k.get(), win.v.get(), *win.cache_k, *win.cache_v,
+                              *win.out, true);
+    gpu_be().attention_with_inputs(cw.in, cw.ap);
+    const HostTensor all = win.out->pull();
+    const HostTensor cache_k = win.cache_k->pull(), cache_v = win.cache_v->pull();
+    const int64_t row = w.heads * w.d, kv_row = w.kv_heads * w.d;
+    for (int64_t i = 0; i < w.s; ++i) {
+      FusedCase d = w;
+      d.s = 1;
+      d.last = w.last - w.s + 1 + i;
+      // Query i's raw inputs, over the cache the window left.
+      Inputs ti = make_inputs(d, 5);
+      std::memcpy(ti.q->host.data<float>(), t.q->host.data<float>() + i * row, row * 4);
+      std::memcpy(ti.k->host.data<float>(), t.k->host.data<float>() + i * kv_row, kv_row * 4);
+      std::memcpy(ti.v->host.data<float>(), t.v->host.data<float>() + i * kv_row, kv_row * 4);
+      ti.q->push();
+      ti.k->push();
+      ti.v->push();
+      std::memcpy(ti.cache_k->host.view().data(), cache_k.view().data(), cache_k.view().nbytes());
+      ti.cache_k->push();
+      std::memcpy(ti.cache_v->host.view().data(), cache_v.view().data(), cache_v.view().nbytes());
+      ti.cache_v->push();
+      Outputs one = fresh_outputs(d, ti);
+      const Call c1 = make_call(d, ti, *one.q, one.k.get(), one.v.get(), *one.cache_k, *one.cache_v,
+                                *one.out, true);
+      gpu_be().attention_with_inputs(c1.in, c1.ap);
+      const HostTensor got = one.out->pull();
+      EXPECT_EQ(std::memcmp(got.view().data(), all.data<float>() + i * row, row * 4), 0)
+          << "query " << i;
+      expect_same_bytes(one.cache_k->pull(), cache_k, "cache_k rewritten by the step");
+      expect_same_bytes(one.cache_v->pull(), cache_v, "cache_v rewritten by the step");
+    }
+  }
 }
 
 // More pairs than the fused launch takes, and head dims that are not float4

@@ -2,11 +2,12 @@
 // A bf16 KV cache on CUDA (issue #30) against the CPU backend: the stores
 // (store_kv, attention_inputs' cache store, convert) round to the CPU's bits;
 // attention over bf16 keys matches the CPU's attention over the same bf16 keys
-// within the f32 tolerance (decode, verify, prefill chunks that would take the
-// fast path with f32 keys, sliding windows, rings) and is batch invariant bit
-// for bit; greedy output with and without speculation is identical with a bf16
-// cache (f32 fixtures with their cache set to bf16, the embedded family whose
-// default it is); model logits over a bf16 cache match the CPU's.
+// within the f32 tolerance (decode, verify, sliding windows, rings) and is
+// batch invariant bit for bit; prefill chunks take the tensor-core (TF32) path
+// with bf16 keys too, within its tolerance of the CPU and bit for bit equal to
+// that path over an f32 cache holding the same (rounded) values; greedy output with and without
+// speculation is identical with a bf16 cache (f32 fixtures with their cache set to bf16, the
+// embedded family whose default it is); model logits over a bf16 cache match the CPU's.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -30,6 +31,8 @@ namespace specula::test {
 namespace {
 
 constexpr float kAttentionTol = 1e-5f;  // as tests/cuda/attention_test.cpp
+// The tensor-core prefill path's TF32 products (as attention_test.cpp).
+constexpr float kFastPrefillTol = 5e-3f;
 
 // f32 values in [-2, 2) plus rounding ties, zeros, infinities and NaN.
 HostTensor tricky_f32(Shape shape, uint64_t seed) {
@@ -191,7 +194,65 @@ TEST(CudaKvDtype, Bf16AttentionMatchesCpu) {
     const HostTensor want = run_attention(cpu_be(), false, q, k, v, pos, c, k_pos0, ring_keys);
     const std::string label =
         fmt::format("S={} T={} D={} window={} ring={}", c.s, c.t, c.d, c.window, c.ring);
-    expect_close(got, want, kAttentionTol, label.c_str());
+    expect_close(got, want, c.fast_prefill ? kFastPrefillTol : kAttentionTol, label.c_str());
+  }
+}
+
+// The tensor-core prefill path over bf16 keys (allow_fast_prefill, 64+
+// queries, contiguous keys): within its tolerance of the CPU over the same bf16
+// keys, and bit for bit the path's result over an f32 cache holding the same
+// values (widened exactly; TF32 keeps all of a bf16 mantissa). That it took
+// the fast path shows in its bits differing from the exact partials path.
+TEST(CudaKvDtype, Bf16FastPrefillEqualsF32CacheOfTheRoundedValues) {
+  SKIP_WITHOUT_CUDA();
+  struct P {
+    int64_t s, t, heads, kv, d, k_pos0;
+    int window;
+  };
+  uint64_t seed = 40;
+  for (const P& c :
+       {P{300, 300, 8, 2, 256, 0, 0}, P{128, 400, 4, 4, 64, 50, 0}, P{200, 260, 8, 4, 512, 0, 64},
+        P{64, 64, 2, 1, 32, 7, 16}, P{96, 1000, 16, 2, 256, 0, 0}}) {
+    const std::string what = fmt::format("bf16 fast prefill S={} T={} H={}/{} D={} window={}", c.s,
+                                         c.t, c.heads, c.kv, c.d, c.window);
+    SCOPED_TRACE(what);
+    Twin q(DType::kF32, {c.s, c.heads, c.d});
+    q.randomize(seed++);
+    Twin k = bf16_twin({c.t, c.kv, c.d}, seed++);
+    Twin v = bf16_twin({c.t, c.kv, c.d}, seed++);
+    Twin kf(DType::kF32, {c.t, c.kv, c.d}), vf(DType::kF32, {c.t, c.kv, c.d});
+    cpu_be().convert(k.host, kf.host);
+    cpu_be().convert(v.host, vf.host);
+    kf.push();
+    vf.push();
+    std::vector<int32_t> positions;
+    for (int64_t i = 0; i < c.s; ++i)
+      positions.push_back(static_cast<int32_t>(c.k_pos0 + c.t - c.s + i));
+    if (c.window > 0) positions[0] = static_cast<int32_t>(c.k_pos0 - c.window - 5);  // sees nothing
+    const Twin pos = positions_twin(positions);
+    const auto run = [&](Backend& be, bool gpu, const Twin& kk, const Twin& vv, bool fast) {
+      Twin out(DType::kF32, {c.s, c.heads, c.d});
+      AttentionParams p{.q = gpu ? q.dev : q.host.view(),
+                        .k = gpu ? kk.dev : kk.host.view(),
+                        .v = gpu ? vv.dev : vv.host.view(),
+                        .out = gpu ? out.dev : out.host.view(),
+                        .q_positions = gpu ? pos.dev : pos.host.view(),
+                        .k_pos0 = c.k_pos0,
+                        .window = c.window,
+                        .scale = 1.0f / std::sqrt(static_cast<float>(c.d)),
+                        .allow_fast_prefill = fast};
+      be.attention(p);
+      if (gpu) return out.pull();
+      return std::move(out.host);
+    };
+    const HostTensor got = run(gpu_be(), true, k, v, true);
+    expect_close(got, run(cpu_be(), false, k, v, false), kFastPrefillTol, what.c_str());
+    expect_same_bits(got, run(gpu_be(), true, kf, vf, true), "bf16 vs f32 of its values");
+    // Run again: the path is deterministic (the widened copies are reused scratch).
+    expect_same_bits(got, run(gpu_be(), true, k, v, true), "bf16 fast prefill twice");
+    const HostTensor exact = run(gpu_be(), true, k, v, false);
+    EXPECT_NE(std::memcmp(got.view().data(), exact.view().data(), got.view().nbytes()), 0)
+        << "the same bits as the partials path: the fast path did not run";
   }
 }
 
@@ -260,18 +321,17 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, CudaKvDtypeSpeculation,
                          ::testing::Values(Pair{"e2b_like", "e2b_like_assistant"},
                                            Pair{"dense_kev", "dense_kev_assistant"}));
 
-// The embedded family (bf16 weights) with a bf16 cache on CUDA:
+// The embedded family (bf16 weights: a bf16 cache by default) on CUDA:
 // speculation matches plain decoding, and prefill logits over a bf16 cache
 // match the CPU's over its bf16 cache.
-TEST(CudaKvDtypeEmbedded, Bf16CacheSpeculationMatchesPlainAndTheCpu) {
+TEST(CudaKvDtypeEmbedded, DefaultBf16CacheSpeculationMatchesPlainAndTheCpu) {
   SKIP_WITHOUT_CUDA();
   const std::string dir = std::string(SPECULA_SOURCE_DIR) + "/models/gemma4-tiny-py";
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP();
-  auto gpu = gemma4::Gemma4Model::load(dir, cuda_bf16_kv());
+  auto gpu = gemma4::Gemma4Model::load(dir, on_cuda());
   ASSERT_EQ(gpu->kv_spec().dtype, DType::kBF16);
-  gemma4::LoadOptions cpu_options;
-  cpu_options.kv_dtype = DType::kBF16;
-  auto cpu = gemma4::Gemma4Model::load(dir, cpu_options);
+  auto cpu = gemma4::Gemma4Model::load(dir);
+  ASSERT_EQ(cpu->kv_spec().dtype, DType::kBF16);
   auto drafter = assistant::AssistantModel::load(dir + "-assistant", gpu->config(), gpu->backend());
   assistant::AssistantDrafter source(*gpu, *drafter);
   std::vector<int32_t> ids;

@@ -2,7 +2,7 @@
 // KV cache dtype (issue #30): a bf16 cache rounds rows to nearest even on the
 // way in (write_full, write_ring, store_kv, convert: one rule), attention over
 // it equals attention over f32 rows holding the same rounded values bit for
-// bit, the byte counts halve, the model's default is f32 (for now), its
+// bit, the byte counts halve, the model's default follows the checkpoint, its
 // logits stay close to an f32 cache's (golden fixtures, embedded family), and
 // greedy output with and without speculation is identical at every dtype.
 #include <gtest/gtest.h>
@@ -226,7 +226,7 @@ std::vector<float> prompt_logits(gemma4::Gemma4Model& m, const std::vector<int32
   return all;
 }
 
-TEST(KvDtypeModel, DefaultIsF32AndBf16LogitsStayClose) {
+TEST(KvDtypeModel, DefaultFollowsTheCheckpointAndBf16LogitsStayClose) {
   struct Case {
     std::string dir;
     DType default_dtype;
@@ -242,9 +242,9 @@ TEST(KvDtypeModel, DefaultIsF32AndBf16LogitsStayClose) {
       cases.push_back({testing::golden_dir(name), DType::kF32, 0.1});
   }
   if (testing::golden_exists("e2b_like_bf16"))
-    cases.push_back({testing::golden_dir("e2b_like_bf16"), DType::kF32, 0.15});
+    cases.push_back({testing::golden_dir("e2b_like_bf16"), DType::kBF16, 0.15});
   if (std::filesystem::exists(models_dir() + "/gemma4-tiny-py"))
-    cases.push_back({models_dir() + "/gemma4-tiny-py", DType::kF32, 1e-2});
+    cases.push_back({models_dir() + "/gemma4-tiny-py", DType::kBF16, 1e-2});
   if (cases.empty()) GTEST_SKIP() << "no golden fixtures or embedded models";
   for (const Case& c : cases) {
     auto f32 = load_with(c.dir, DType::kF32);

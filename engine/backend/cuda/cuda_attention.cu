@@ -273,18 +273,19 @@ void set_tile(AttnGeom& g, const AttentionParams& p, int64_t s0, int64_t s, int6
 
 using namespace attn;
 
-// q f32 [S, H, D], k/v f32 [T, Hkv, D], out f32 [S, H, D], q_positions i32 [S]
+// q f32 [S, H, D], k/v f32|bf16 [T, Hkv, D], out f32 [S, H, D], q_positions i32 [S]
 // (all on this device); H a multiple of Hkv, D <= 512. See AttentionParams.
 void CudaBackend::attention(const AttentionParams& p) {
   OpTimer timer(*this, "attention");
   const ops::AttentionDims dims = check_cuda_attention(*this, p);
   const int64_t s_len = dims.queries;
   if (p.out.numel() == 0) return;
-  // (The tensor-core prefill path reads f32 keys only; a bf16 cache takes the
-  // partials kernels, which widen its rows as they stage them.)
+  // (The tensor-core prefill path reads a bf16 cache through f32 copies of
+  // its keys and values, up to kPrefillWidenBudget; past that a bf16 cache
+  // takes the partials kernels, which widen its rows as they stage them.)
   const bool bf16_kv = p.k.dtype() == DType::kBF16;
-  if (p.allow_fast_prefill && !bf16_kv && !dims.ring && s_len >= kFastPrefillQueries &&
-      dims.keys > 0) {
+  if (p.allow_fast_prefill && !dims.ring && s_len >= kFastPrefillQueries && dims.keys > 0 &&
+      prefill_widen_bytes(p) <= kPrefillWidenBudget) {
     attention_prefill_gemm(*this, p);
     return;
   }

@@ -3,6 +3,8 @@
 // attention_fused_kernel finishes the q/k/v inputs (as attention_inputs does,
 // bit for bit) inside the partials blocks and stages the cached keys before its
 // inputs are ready; the combine is cuda_attention.cu's. Numerics: see there.
+// f32 and bf16 caches alike (a bf16 cache's new rows are rounded as store_kv
+// rounds them, and the block attends to the rounded values).
 #include "engine/backend/cuda/cuda_attention.cuh"
 
 namespace specula::cuda {
@@ -32,6 +34,61 @@ __device__ inline float load_weight(const void* w, DType dt, int i) {
   return load_float<DType::kF32>(w, i);
 }
 
+// Cache rows of a fused launch hold KvT: float (an f32 cache) or uint16_t (bf16
+// bits). A bf16 row holds f32_to_bf16_bits of the finished f32 row (what
+// attention_inputs then store_kv write), and the block attends to those rounded
+// values widened back (what the partials kernel stages from the cache), so the
+// fused launch and the two ops agree bit for bit for either dtype.
+
+// The finished v row (vals · inv, weightless) of a new position into smem (the
+// staged V row, or null) and cache (its cache row, or null), not both null.
+// f32: write_plain_norm as before; bf16: each element rounded once, the cache
+// taking the bits and smem their exact widening.
+template <typename KvT, int kPer>
+__device__ inline void write_value_row(const float (&vals)[kPer], float inv, int d, int lane,
+                                       float* smem, KvT* cache) {
+  if constexpr (std::is_same_v<KvT, float>) {
+    if (smem == nullptr) {
+      smem = cache;
+      cache = nullptr;
+    }
+    write_plain_norm(vals, inv, d, lane, smem, cache);
+  } else {
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int c = lane + 32 * i;
+      if (c < d) {
+        const uint16_t bits = f32_to_bf16_bits(rms_apply_loaded(vals[i], inv, false, 0.0f));
+        if (smem != nullptr) smem[c] = bf16_bits_to_f32(bits);
+        if (cache != nullptr) cache[c] = bits;
+      }
+    }
+  }
+}
+
+// The finished k row of a new position: write_norm_rope into the staged row
+// `row` and (f32, unless null) the cache row; for a bf16 cache the staged row
+// is then rounded in place (each element by one lane, after write_norm_rope's
+// closing __syncwarp) and its bits go to the cache row (unless null).
+template <typename KvT, int kPer, typename WeightAt, typename FreqAt>
+__device__ inline void write_key_row(const float (&vals)[kPer], float inv, bool has_weight,
+                                     WeightAt weight_at, int d, int lane, float* row,
+                                     int32_t position, FreqAt freq_at, KvT* cache) {
+  if constexpr (std::is_same_v<KvT, float>) {
+    write_norm_rope(vals, inv, has_weight, weight_at, d, lane, row, position, freq_at, cache,
+                    nullptr);
+  } else {
+    write_norm_rope(vals, inv, has_weight, weight_at, d, lane, row, position, freq_at, nullptr,
+                    nullptr);
+    for (int c = lane; c < d; c += 32) {
+      const uint16_t bits = f32_to_bf16_bits(row[c]);
+      row[c] = bf16_bits_to_f32(bits);
+      if (cache != nullptr) cache[c] = bits;
+    }
+    __syncwarp();  // the row is read by other lanes only after the block barrier
+  }
+}
+
 // A partials block (decode steps and verify windows of up to kFusedPairTiles
 // pair tiles, derived launches) that finishes its inputs itself, so no attention_inputs kernel
 // runs between the q/k/v product and attention, and the chunk's old keys load
@@ -48,10 +105,10 @@ __device__ inline float load_weight(const void* w, DType dt, int i) {
 //   the cache instead (its donor wrote them earlier in the same forward).
 // Then scores, softmax and values as the partials kernel computes them.
 // Positions are consecutive (the derived-launch promise), so new position p is
-// token p - q_pos[0] of k and v.
-template <int kPer, int kMinBlocks>
+// token p - q_pos[0] of k and v. KvT: the cache's element type (see above).
+template <typename KvT, int kPer, int kMinBlocks>
 __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
-    attention_fused_kernel(FusedInputs in, float* __restrict__ k_cache, float* __restrict__ v_cache,
+    attention_fused_kernel(FusedInputs in, KvT* __restrict__ k_cache, KvT* __restrict__ v_cache,
                            const int32_t* __restrict__ q_pos, float* __restrict__ part_ml,
                            float* __restrict__ part_acc, AttnGeom g) {
   pdl_launch_dependents();  // the combine: it waits for this whole grid
@@ -132,12 +189,12 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
   // The finished v row of new position c0 + j (its raw v row, or with v_from_k
   // its raw k row, plainly normalised) to smem_dst and, unless null, cache_dst:
   // the same bits as the item loop below writes.
-  const auto finish_value = [&](int j, float* smem_dst, float* cache_dst) {
+  const auto finish_value = [&](int j, float* smem_dst, KvT* cache_dst) {
     const int64_t src = ((c0 + j - first) * g.n_kv + kvh) * d;
     float vv[kPer];
     load_held<kPer, 32>(in.v_from_k ? in.k + src : in.v + src, lane, d, vv);
     const float inv_v = rms_inv(warp_row_sum_squares(vv, d, lane), d, in.eps);
-    write_plain_norm(vv, inv_v, d, lane, smem_dst, cache_dst);
+    write_value_row<KvT>(vv, inv_v, d, lane, smem_dst, cache_dst);
   };
   const auto q_weight = [&](int, int c) { return sQn[c]; };
   const auto k_weight = [&](int, int c) { return sKn[c]; };
@@ -169,21 +226,17 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
     // A late v row's slot still holds q rows: only the cache gets it now, and
     // the block finishes it again into its slot after the scores.
     float* v_smem = j < v_early ? sV + j * g.ld : nullptr;
-    float* v_out = writer ? v_cache + dst : nullptr;
-    if (v_smem == nullptr) {
-      v_smem = v_out;
-      v_out = nullptr;
-    }
-    if (v_smem == nullptr) {
+    KvT* v_out = writer ? v_cache + dst : nullptr;
+    if (v_smem == nullptr && v_out == nullptr) {
       // not the writer, and the row is late: nothing to store yet
     } else if (in.v_from_k) {
-      write_plain_norm(vals, inv_k, d, lane, v_smem, v_out);
+      write_value_row<KvT>(vals, inv_k, d, lane, v_smem, v_out);
     } else {
       const float inv_v = rms_inv(warp_row_sum_squares(vv, d, lane), d, in.eps);
-      write_plain_norm(vv, inv_v, d, lane, v_smem, v_out);
+      write_value_row<KvT>(vv, inv_v, d, lane, v_smem, v_out);
     }
-    write_norm_rope(vals, inv_k, has_kn, k_weight, d, lane, sK + j * g.ld,
-                    static_cast<int32_t>(pos), freq, writer ? k_cache + dst : nullptr, nullptr);
+    write_key_row<KvT>(vals, inv_k, has_kn, k_weight, d, lane, sK + j * g.ld,
+                       static_cast<int32_t>(pos), freq, writer ? k_cache + dst : nullptr);
   }
   __pipeline_wait_prior(0);  // this thread's cache rows have landed
   __syncthreads();           // ... and everyone's, and the finished rows
@@ -278,10 +331,10 @@ void CudaBackend::attention_with_inputs(const AttentionInputsParams& in, const A
   const ops::AttentionInputsDims idims = ops::check_attention_inputs(in);
   const ops::AttentionDims dims = check_cuda_attention(*this, p);
   const auto same = [](const Tensor& a, const Tensor& b) { return a.data() == b.data(); };
-  // The fused kernel reads and writes f32 caches only; a bf16 cache takes the
-  // two ops (attention_inputs' cache store rounds, attention widens).
-  bool fits = p.k.dtype() == DType::kF32 && p.causal && p.positions_bound > 0 &&
-              !p.allow_fast_prefill && dims.keys > 0 && dims.queries > 0 &&
+  // f32 and bf16 caches (attention_fused_kernel<KvT>); k and v share a dtype
+  // (check_attention), and the inputs' cache is the attended one (below).
+  bool fits = p.causal && p.positions_bound > 0 && !p.allow_fast_prefill && dims.keys > 0 &&
+              dims.queries > 0 &&
               dims.queries * (dims.heads / dims.kv_heads) <= kFusedPairTiles * kPairTile &&
               dims.head_dim % 4 == 0 && idims.head_dim == dims.head_dim &&
               idims.tokens == dims.queries && idims.heads == dims.heads && same(in.q, p.q) &&
@@ -290,7 +343,7 @@ void CudaBackend::attention_with_inputs(const AttentionInputsParams& in, const A
   if (fits && idims.has_k) {
     // The new rows go where the attention reads them: the same cache, in place.
     fits = idims.has_cache && idims.kv_heads == dims.kv_heads && same(in.cache_k, p.k) &&
-           same(in.cache_v, p.v) &&
+           same(in.cache_v, p.v) && in.cache_k.dtype() == p.k.dtype() &&
            (dims.ring ? p.k.dim(0) == in.cache_k.dim(0)
                       : p.k_pos0 == 0 && p.k.dim(0) <= in.cache_k.dim(0));
   }
@@ -333,12 +386,20 @@ void CudaBackend::attention_with_inputs(const AttentionInputsParams& in, const A
   // Rows of up to 256 floats hold 8 a lane and fit three blocks an SM (the
   // occupancy of the partials kernel: with two, 31B decode steps took 0.8 ms
   // longer on an H200); wider heads fit one block an SM by shared memory anyway.
-  auto kernel = g.d <= 256 ? attention_fused_kernel<8, 3> : attention_fused_kernel<16, 1>;
   g.v_early = fused_late_v_rows(g.d, g.pair_tile, int64_t{grid.x} * int64_t{grid.y} * grid.z);
-  launch_pdl(kernel, grid, dim3(kPartialThreads),
-             fused_smem_bytes(g.d, g.pair_tile, g.v_early < kChunk), stream(),
-             "attention_fused_kernel", f, p.k.data_as<float>(), p.v.data_as<float>(), pos,
-             plan.part_ml, plan.part_acc, g);
+  const size_t smem = fused_smem_bytes(g.d, g.pair_tile, g.v_early < kChunk);
+  if (p.k.dtype() == DType::kBF16) {
+    auto kernel = g.d <= 256 ? attention_fused_kernel<uint16_t, 8, 3>
+                             : attention_fused_kernel<uint16_t, 16, 1>;
+    launch_pdl(kernel, grid, dim3(kPartialThreads), smem, stream(), "attention_fused_kernel", f,
+               p.k.data_as<uint16_t>(), p.v.data_as<uint16_t>(), pos, plan.part_ml, plan.part_acc,
+               g);
+  } else {
+    auto kernel =
+        g.d <= 256 ? attention_fused_kernel<float, 8, 3> : attention_fused_kernel<float, 16, 1>;
+    launch_pdl(kernel, grid, dim3(kPartialThreads), smem, stream(), "attention_fused_kernel", f,
+               p.k.data_as<float>(), p.v.data_as<float>(), pos, plan.part_ml, plan.part_acc, g);
+  }
   dispatch_combine(plan.nr, std::make_integer_sequence<int, kMaxLaneDims>{}, pos, plan.part_ml,
                    plan.part_acc, p.out.data_as<float>(), g, /*after_partials=*/true, stream());
 }

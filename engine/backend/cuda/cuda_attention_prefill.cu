@@ -11,12 +11,22 @@
 //   scores [H, tile, T] head h: T×tile, ld T, offset h·tile·T
 //   out [S, H, D] head h: D×S, ld H·D
 // Heads h = j·group + g: one strided-batched product per g, batched over j.
+//
+// A bf16 cache is first widened (exactly) into f32 copies of k and v of the
+// same layout, 256-byte aligned like any allocation, and the products read
+// those: the same products on the same values as for an f32 cache holding the
+// rounded keys (TF32 keeps all 8 bits of a bf16 mantissa, so its rounding of
+// the products' inputs leaves them unchanged), hence the same results bit for
+// bit. The copies need 8 bytes a key element (k and v), at most
+// kPrefillWidenBudget (CudaBackend::attention takes the partials path past it).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 
 #include "engine/backend/cuda/cuda_backend.h"
+#include "engine/backend/cuda/cuda_device_common.cuh"
+#include "engine/backend/cuda/cuda_launch.cuh"
 
 namespace specula::cuda {
 namespace {
@@ -132,7 +142,23 @@ __global__ void masked_softmax_kernel(float* __restrict__ scores, const int32_t*
   }
 }
 
+// kf / vf f32 [n] = k / v bf16 [n] widened exactly (grid-stride, one element
+// a thread at a time; the cache was written by earlier kernels: load_act).
+__global__ void widen_kv_kernel(const uint16_t* k, const uint16_t* v, float* __restrict__ kf,
+                                float* __restrict__ vf, int64_t n) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    kf[i] = bf16_bits_to_f32(load_act(reinterpret_cast<const unsigned short*>(k) + i));
+    vf[i] = bf16_bits_to_f32(load_act(reinterpret_cast<const unsigned short*>(v) + i));
+  }
+}
+
 }  // namespace
+
+size_t prefill_widen_bytes(const AttentionParams& p) {
+  if (p.k.dtype() != DType::kBF16) return 0;
+  return 2 * ((static_cast<size_t>(p.k.numel()) * sizeof(float) + 255) / 256 * 256);
+}
 
 void attention_prefill_gemm(CudaBackend& be, const AttentionParams& p) {
   const int64_t s_len = p.q.dim(0), n_heads = p.q.dim(1), d = p.q.dim(2);
@@ -145,8 +171,27 @@ void attention_prefill_gemm(CudaBackend& be, const AttentionParams& p) {
   auto* scores =
       static_cast<float*>(be.scratch(be.attn_scores_, per_query * static_cast<size_t>(tile)));
   const auto* q = p.q.data_as<const float>();
-  const auto* k = p.k.data_as<const float>();
-  const auto* v = p.v.data_as<const float>();
+  const float* k = nullptr;
+  const float* v = nullptr;
+  if (p.k.dtype() == DType::kBF16) {
+    const int64_t n = p.k.numel();
+    const size_t bytes = prefill_widen_bytes(p);
+    const size_t half = bytes / 2;  // v's copy starts 256-byte aligned, like k's
+    auto* kf = static_cast<float*>(be.scratch(be.attn_kv_f32_, bytes));
+    auto* vf = reinterpret_cast<float*>(reinterpret_cast<char*>(kf) + half);
+    constexpr int kThreads = 256;
+    const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t{1} << 16);
+    if (n > 0) {
+      widen_kv_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, be.stream()>>>(
+          p.k.data_as<const uint16_t>(), p.v.data_as<const uint16_t>(), kf, vf, n);
+      check_cuda(cudaGetLastError(), "widen_kv_kernel");
+    }
+    k = kf;
+    v = vf;
+  } else {
+    k = p.k.data_as<const float>();
+    v = p.v.data_as<const float>();
+  }
   const auto* pos = p.q_positions.data_as<const int32_t>();
   auto* out = p.out.data_as<float>();
   const int64_t ld_q = n_heads * d, ld_k = n_kv * d;

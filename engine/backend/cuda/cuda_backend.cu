@@ -48,7 +48,7 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
   print_op_profile();
   for (Scratch* s : {&lt_workspace_, &x_bf16_, &w_bf16_, &attn_partials_, &moe_scratch_,
-                     &attn_scores_, &argmax_partials_, &x_split_, &x_split_out_}) {
+                     &attn_scores_, &attn_kv_f32_, &argmax_partials_, &x_split_, &x_split_out_}) {
     if (s->data) cudaFree(s->data);
   }
   for (StagingSlot& slot : staging_) {

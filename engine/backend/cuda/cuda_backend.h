@@ -175,6 +175,7 @@ class CudaBackend final : public Backend {
   Scratch attn_partials_;    // split-sequence attention partial results
   Scratch moe_scratch_;      // grouped-expert bookkeeping
   Scratch attn_scores_;      // prefill attention scores [heads, query tile, keys]
+  Scratch attn_kv_f32_;      // prefill attention: a bf16 cache's k and v widened to f32
   Scratch argmax_partials_;  // per-slice partials of argmax_rows
   Scratch x_split_;          // activations split into bf16 terms for the tensor-core products
   Scratch x_split_out_;      // the split a fused gelu product writes of its output (down_proj's x)
@@ -246,6 +247,11 @@ class CudaBackend final : public Backend {
 // and at least kFastPrefillQueries queries, contiguous (non-ring) keys; checked
 // by CudaBackend::attention before the call. cuda_attention_prefill.cu.
 inline constexpr int64_t kFastPrefillQueries = 64;
+// A bf16 cache takes the path too: its keys and values are first widened into
+// f32 scratch (attn_kv_f32_) of prefill_widen_bytes(p), which must be at most
+// kPrefillWidenBudget (31B's full layers: 64K keys); past it, the partials path.
+inline constexpr size_t kPrefillWidenBudget = size_t{1} << 30;
+size_t prefill_widen_bytes(const AttentionParams& p);
 void attention_prefill_gemm(CudaBackend& be, const AttentionParams& p);
 
 // The first V row of a chunk that attention_with_inputs' fused kernel stages

@@ -192,10 +192,10 @@ void Gemma4Model::init_after_weights(const LoadOptions& options) {
   kv_spec_.max_rollback = options.max_rollback;
   kv_spec_.backend = &be;
   kv_spec_.memory = kv_pool_.get();
-  // Unset: f32 for now. The rule (bf16 for bf16 checkpoints) waits until
-  // the fused decode kernel reads bf16 caches: today a bf16 cache takes the
-  // unfused attention path, which would slow every bf16 checkpoint's decode.
-  kv_spec_.dtype = options.kv_dtype.value_or(DType::kF32);
+  // Unset (--kv-dtype auto): bf16 for a checkpoint whose product weights are all
+  // bf16 (the rule of fast_prefill()), f32 otherwise, so the f32 golden fixtures
+  // keep their exact f32 forward. Every CUDA attention path reads bf16 caches.
+  kv_spec_.dtype = options.kv_dtype.value_or(fast_prefill_ ? DType::kBF16 : DType::kF32);
   if (kv_spec_.dtype != DType::kF32 && kv_spec_.dtype != DType::kBF16) {
     fail("{}: KV cache dtype {} is not supported (f32 or bf16)", path_, dtype_name(kv_spec_.dtype));
   }

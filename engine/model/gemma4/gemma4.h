@@ -88,9 +88,9 @@ struct LoadOptions {
   // Refuse weights holding NaN or infinity at load, naming the tensor (one read
   // of every weight, as it is uploaded; see place_weights). Off skips the read.
   bool scan_weights = true;
-  // Element type of the KV cache (KvCacheSpec::dtype): f32 or bf16. Unset: f32
-  // (bf16 becomes the default for bf16 checkpoints once the fused decode kernel
-  // reads bf16 caches; until then a bf16 cache runs the unfused attention path).
+  // Element type of the KV cache (KvCacheSpec::dtype): f32 or bf16. Unset: bf16
+  // for a checkpoint whose product weights are all bf16, f32 otherwise (the f32
+  // golden fixtures keep exact parity with transformers).
   std::optional<DType> kv_dtype;
   // No option chooses the prefill path: it follows the checkpoint's dtype. A
   // checkpoint whose product weights are all bf16 prefills through the
