@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what is missing, builds, and runs the main job: `specula generate`
 # on the embedded default family (models/: a small Gemma 4 trained on the
-# Python standard library, with its assistant drafter, so speculation is on),
+# Python source of Debian packages, with its assistant drafter, so speculation is on),
 # streaming a continuation of a Python prompt and a summary line with the
 # acceptance rate and tau. Extra arguments go to `specula generate`.
 set -euo pipefail

@@ -48,6 +48,11 @@ def parse_args(argv=None):
     p.add_argument("--ffn-mult", type=int, default=2)
     p.add_argument("--markov-rank", type=int, default=256, help="r (0: no Markov head)")
     p.add_argument("--steps", type=int, default=10000)
+    p.add_argument("--max-seconds", type=float, default=0,
+                   help="wall-time budget of the training loop (0: none): training stops at --steps or here, "
+                        "whichever comes first, and the cosine schedule runs over the nearer of the two")
+    p.add_argument("--export-dtype", choices=("f32", "bf16"), default="f32",
+                   help="dtype of the exported model.safetensors (bf16 halves a shipped drafter)")
     p.add_argument("--batch", type=int, default=32, help="anchors per step")
     p.add_argument("--anchors-per-seq", type=int, default=8,
                    help="anchors drawn from each sampled sequence (they share its context rows)")
@@ -255,10 +260,12 @@ def repo_commit():
         return "unknown"
 
 
-def lr_at(a, step):
+def lr_at(a, step, elapsed=0.0):
     if step < a.warmup:
         return a.lr * (step + 1) / a.warmup
     frac = min(1.0, (step - a.warmup) / max(1, a.steps - a.warmup))
+    if a.max_seconds > 0:  # a wall-time budget: progress is the larger of the two fractions
+        frac = max(frac, min(1.0, elapsed / a.max_seconds))
     return a.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
@@ -288,15 +295,20 @@ def evaluate(P, cfg, head, shards, eval_groups, a, dev):
 
 
 def export(P, a, head, shards, out_dir, extra):
-    """model.safetensors (f32, exact names) + dspark.json (docs/dspark.md "Checkpoints")."""
+    """model.safetensors (f32 or --export-dtype bf16, exact names) + dspark.json (docs/dspark.md "Checkpoints")."""
     cfg = model_config(a, shards, head)
-    tensors = {k: v.detach().float().contiguous().cpu() for k, v in P.items()}
+    import torch
+
+    dtype = torch.bfloat16 if getattr(a, "export_dtype", "f32") == "bf16" else torch.float32
+    tensors = {k: v.detach().to(dtype).contiguous().cpu() for k, v in P.items()}
     path = os.path.join(out_dir, "model.safetensors")
     try:
         from safetensors.torch import save_file
 
         save_file(tensors, path, metadata={"format": "pt", "producer": PRODUCER})
     except ImportError:
+        if dtype != torch.float32:
+            raise dd.DataError("--export-dtype bf16 needs the safetensors package")
         dd.write_safetensors(path, {k: ("F32", list(v.shape), v.reshape(-1).tolist()) for k, v in tensors.items()},
                              {"format": "pt", "producer": PRODUCER})
     tc = head["cfg"]
@@ -404,8 +416,12 @@ def train(a):
     log({"event": "start", "step": step, **meta})
     t0 = time.time()
     while step < a.steps:
+        elapsed = time.time() - t0
+        if a.max_seconds > 0 and elapsed >= a.max_seconds:
+            print(f"--max-seconds {a.max_seconds:g} reached at step {step}", flush=True)
+            break
         for group in opt.param_groups:
-            group["lr"] = lr_at(a, step)
+            group["lr"] = lr_at(a, step, elapsed)
         b = make_batch(shards, sample_groups(train_sampler, rng, a.batch, a.anchors_per_seq), a.block_size,
                        a.max_ctx, dev)
         D, conf, T, labels = forward_batch(P, cfg, head, b, autocast)
@@ -418,17 +434,22 @@ def train(a):
         opt.step()
         step += 1
         if step % a.log_every == 0 or step == 1:
-            rec = {"step": step, "lr": lr_at(a, step - 1), "grad_norm": float(gnorm),
+            rec = {"step": step, "lr": lr_at(a, step - 1, elapsed), "grad_norm": float(gnorm),
                    "seconds": round(time.time() - t0, 2), **{k: float(lt[k]) for k in ("loss", "ce", "tv", "conf")}}
             log(rec)
             print(json.dumps(rec), flush=True)
         if step % a.eval_every == 0 or step == a.steps:
             last_eval = evaluate(P, cfg, head, shards, eval_groups, a, dev)
+            last_eval["step"] = step
             log({"step": step, "eval": last_eval})
             print(json.dumps({"step": step, "eval": last_eval}), flush=True)
             save()
-    if last_eval is None:  # resumed at the end: evaluate what we have
+    if last_eval is None or last_eval.get("step") != step:  # resumed at the end, or stopped by --max-seconds
         last_eval = evaluate(P, cfg, head, shards, eval_groups, a, dev)
+        last_eval["step"] = step
+        log({"step": step, "eval": last_eval})
+        print(json.dumps({"step": step, "eval": last_eval}), flush=True)
+        save()
     meta.update(finished=datetime.datetime.now(datetime.timezone.utc).isoformat(), steps=step,
                 held_out_eval=last_eval)
     export(P, a, head, shards, a.out, meta)
