@@ -189,9 +189,9 @@ printf '%s\n' '{"turns": ["Solve:\n```python\ndef f():\n```"]}' '{"turns": ["no 
   '{"ids": [2, 5, 9]}' >"$tmp/set.jsonl"
 expect_error bench-set-no-code-block "set.jsonl:2: --prompt-format code-block: the first turn has no fenced" \
   "$specula" bench --model "$fixture" --prompt-file "$tmp/set.jsonl" --prompt-format code-block
-expect_error bench-set-ids-code-block "set.jsonl:3: an {\"ids\": [...]} prompt has no text" \
-  "$specula" bench --model "$fixture" --prompt-file "$tmp/set.jsonl" --prompt-format code-block \
-  --num-prompts 3
+printf '%s\n' '{"turns": ["```\nx = 1\n```"]}' '{"ids": [2, 5, 9]}' >"$tmp/ids.jsonl"
+expect_error bench-set-ids-code-block "ids.jsonl:2: an {\"ids\": [...]} prompt has no text" \
+  "$specula" bench --model "$fixture" --prompt-file "$tmp/ids.jsonl" --prompt-format code-block
 printf '%s\n' '{"ids": [2, 5]}' '{"ids": [2, 5' >"$tmp/broken.jsonl"
 expect_error bench-set-malformed "broken.jsonl:2: not a JSON object" \
   "$specula" bench --model "$fixture" --prompt-file "$tmp/broken.jsonl"
