@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/cli/prompt_set.h"
 #include "apps/cli/setup.h"
 #include "apps/cli/spec_scheduler.h"
 
@@ -19,7 +20,12 @@ namespace specula::cli {
 
 struct BenchArgs {
   ModelArgs model;
+  // A `.jsonl` file is a prompt set (prompt_set.h) whose prompts are used as
+  // they are, formatted per prompt_format (prompt_format.h; the first
+  // --num-prompts of them, or all); any other file is plain text cut into
+  // --prompt-tokens windows.
   std::string prompt_file;
+  std::string prompt_format = "text";  // text, chat or code-block (a prompt set only)
   int prompt_tokens = 64;
   int gen_tokens = 64;
   std::vector<int> batches = {1};
@@ -54,9 +60,10 @@ struct BenchArgs {
   bool host_rounds = false;    // drafts read back every draft step (A/B)
   // --serving: a continuous-arrival workload on the engine.
   bool serving = false;
-  int num_prompts = 64;
-  double request_rate = 0;   // requests per second (Poisson); 0: all at once
-  double range_ratio = 0.5;  // lengths uniform in mean × [1 - r, 1 + r]
+  int num_prompts = 64;            // --serving: requests; a prompt set: the first N prompts
+  bool num_prompts_given = false;  // else a prompt set is measured whole
+  double request_rate = 0;         // requests per second (Poisson); 0: all at once
+  double range_ratio = 0.5;        // lengths uniform in mean × [1 - r, 1 + r]
   int max_num_seqs = 16;
   int64_t max_batch_tokens = 0;
   double kv_memory = 0;
@@ -92,19 +99,46 @@ double timed(Backend& be, F&& f) {
 
 // Deterministic pseudo-random token ids in [3, V) (avoiding pad/eos/bos).
 std::vector<int32_t> random_ids(int64_t n, int vocab, uint64_t* state);
-// Prompts of `len` tokens: consecutive windows of the tokenized file, or
-// deterministic pseudo-random ids when no file is given.
+// Prompts of --prompt-tokens tokens: windows of the tokenized plain-text
+// --prompt-file, or deterministic pseudo-random ids when no file is given (a
+// prompt set is read by read_bench_prompt_set instead).
 std::vector<std::vector<int32_t>> make_prompts(const BenchArgs& a, const LoadedModels& m,
                                                int count);
+
+// Whether --prompt-file names a prompt set: by extension, `.jsonl` (as
+// `specula regen` decides), not by content.
+bool is_prompt_set_file(const std::string& path);
+
+// A prompt set for the decode table: its prompts, in file order.
+struct BenchPromptSet {
+  std::string path;
+  std::string format;                     // --prompt-format
+  std::vector<PromptEntry> entries;       // the first --num-prompts (or all)
+  std::vector<std::string> texts;         // per entry: prompt_text() (empty for ids)
+  std::vector<std::vector<int32_t>> ids;  // per entry, set by tokenize_bench_prompt_set
+  bool needs_tokenizer() const;
+};
+// Reads and formats the set before any model loads, so that a malformed line,
+// a missing code block or a bad --num-prompts (outside [1, prompts in the
+// file]) fails at once, naming the file and line.
+BenchPromptSet read_bench_prompt_set(const BenchArgs& a);
+// Tokenizes each prompt (text and code-block: with BOS; chat: rendered in the
+// target's chat format) and checks that it fits: prompt + --gen-tokens within
+// the target's context, else an Error names the file, line and lengths.
+void tokenize_bench_prompt_set(BenchPromptSet& set, const BenchArgs& a, const LoadedModels& m);
+
 // The target (and drafter) the arguments ask for, on `device`.
 LoadedModels load_bench_models(const BenchArgs& a, Device device);
 
 // Accepted / drafted at each draft position.
 nlohmann::json acceptance_by_position(const speculative::DecodeStats& s);
 // Plain and speculative decoding per batch size and draft length: prints the
-// table (unless json) and returns its rows.
+// table (unless json) and returns its rows. Without a prompt set each batch
+// decodes `batch` prompts of make_prompts(); with one (tokenized), every batch
+// size decodes all of its prompts, `batch` at a time in file order.
 nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
-                            const std::vector<int>& batches);
+                            const std::vector<int>& batches,
+                            const BenchPromptSet* prompt_set = nullptr);
 // The continuous-arrival workload (--serving): prints the table (unless json)
 // and returns its rows.
 nlohmann::json serving_table(const BenchArgs& a, LoadedModels& m);

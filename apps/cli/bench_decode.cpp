@@ -13,6 +13,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <span>
 #include <sstream>
 
 #include <unistd.h>
@@ -27,8 +28,6 @@
 namespace specula::cli {
 // ---------------------------------------------------------------------------- decode loop
 
-// Plain and speculative decoding through speculative::decode, per batch size and draft
-// length: prints the table (unless json) and returns the rows.
 nlohmann::json acceptance_by_position(const speculative::DecodeStats& s) {
   nlohmann::json by_pos = nlohmann::json::array();
   for (size_t i = 0; i < s.drafted_at.size(); ++i) {
@@ -38,16 +37,32 @@ nlohmann::json acceptance_by_position(const speculative::DecodeStats& s) {
   return by_pos;
 }
 
+namespace {
+
+// "0.84 0.60 0.39" (the table's last column); "-" for none.
+std::string by_position_text(const speculative::DecodeStats& s) {
+  if (s.drafted_at.empty()) return "-";
+  std::string out;
+  for (size_t i = 0; i < s.drafted_at.size(); ++i) {
+    const double rate =
+        s.drafted_at[i] ? static_cast<double>(s.accepted_at[i]) / s.drafted_at[i] : 0.0;
+    out += fmt::format("{}{:.2f}", i ? " " : "", rate);
+  }
+  return out;
+}
+
+}  // namespace
+
 nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
-                            const std::vector<int>& batches) {
+                            const std::vector<int>& batches, const BenchPromptSet* prompt_set) {
   nlohmann::json rows = nlohmann::json::array();
   if (!a.json) {
-    fmt::print("{:<12} {:>5} {:>3} {:>12} {:>12} {:>8} {:>8} {:>8}\n", "mode", "batch", "k",
-               "prefill t/s", "decode t/s", "tau", "accept", "speedup");
+    fmt::print("{:<12} {:>5} {:>3} {:>12} {:>12} {:>8} {:>8} {:>8}  {}\n", "mode", "batch", "k",
+               "prefill t/s", "decode t/s", "tau", "accept", "speedup", "accept by position");
   }
   for (int batch : batches) {
     std::vector<speculative::DecodeRequest> reqs;
-    for (auto& p : make_prompts(a, m, batch)) {
+    for (auto& p : prompt_set ? prompt_set->ids : make_prompts(a, m, batch)) {
       speculative::DecodeRequest r{.prompt = p, .params = {}};
       r.params.temperature = a.temperature;
       r.params.top_p = a.top_p;
@@ -60,14 +75,27 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
       r.params.max_tokens = a.gen_tokens;
       reqs.push_back(std::move(r));
     }
+    // The requests decode in groups of `batch`, in order, each group as one
+    // batch (a prompt set has more prompts than rows; without one there is
+    // one group). Every request generates --gen-tokens (no stop tokens), so a
+    // group's rows finish together and its prefill and decode times add up.
+    std::vector<std::pair<size_t, size_t>> groups;
+    for (size_t g = 0; g < reqs.size(); g += static_cast<size_t>(batch))
+      groups.emplace_back(g, std::min(reqs.size(), g + static_cast<size_t>(batch)));
     // Each mode runs twice on one Engine and the second run counts: the first
     // records the step graphs of its shapes (a cost of the first requests,
-    // not of decoding), which the second replays. Also counted in the second
-    // run: its rounds (of the whole batch) and target forwards replayed.
+    // not of decoding), which the second replays. The first runs the first
+    // group and a last, smaller one (the shapes there are). Also counted in
+    // the second run: its rounds (of whole batches, summed over the groups)
+    // and target forwards replayed.
+    std::vector<std::pair<size_t, size_t>> warmup = {groups.front()};
+    const auto group_size = [](const std::pair<size_t, size_t>& g) { return g.second - g.first; };
+    if (groups.size() > 1 && group_size(groups.back()) != group_size(groups.front()))
+      warmup.push_back(groups.back());
     struct Measured {
       speculative::DecodeStats stats;
       int64_t rounds = 0, target_replays = 0;
-      std::vector<speculative::DecodeResult> results;  // of the counted run
+      std::vector<speculative::DecodeResult> results;  // of the counted run, per request
     };
     auto measure = [&](Drafter* drafter, int k, bool sched = false) {
       Measured out;
@@ -84,10 +112,24 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
       for (int run = 0; run < 2; ++run) {
         out = {};
         const int64_t target_replays = m.target->graph_replays();
-        out.results = speculative::decode(engine, reqs);
-        for (const auto& r : out.results) {
-          out.stats.merge(r.stats);
-          out.rounds = std::max(out.rounds, r.stats.rounds);
+        for (const auto& [begin, end] : run == 0 ? warmup : groups) {
+          std::vector<speculative::DecodeResult> results = speculative::decode(
+              engine,
+              std::span<const speculative::DecodeRequest>(reqs).subspan(begin, end - begin));
+          speculative::DecodeStats group;
+          int64_t rounds = 0;
+          for (auto& r : results) {
+            group.merge(r.stats);
+            rounds = std::max(rounds, r.stats.rounds);
+            out.results.push_back(std::move(r));
+          }
+          // merge() keeps the longest request's times: a group's wall times, which add up.
+          const double prefill = out.stats.prefill_seconds + group.prefill_seconds;
+          const double decode = out.stats.decode_seconds + group.decode_seconds;
+          out.stats.merge(group);
+          out.stats.prefill_seconds = prefill;
+          out.stats.decode_seconds = decode;
+          out.rounds += rounds;
         }
         out.target_replays = m.target->graph_replays() - target_replays;
       }
@@ -105,29 +147,41 @@ nlohmann::json decode_table(const BenchArgs& a, const LoadedModels& m,
         m.replay->add_reference(std::move(seq));
       }
     }
+    // Tokens after each request's first (which comes with its prefill) per
+    // second of decoding.
+    const auto requests = static_cast<int64_t>(reqs.size());
+    auto decode_tps = [&](const speculative::DecodeStats& s) {
+      return s.decode_seconds > 0 ? (s.generated_tokens - requests) / s.decode_seconds : 0.0;
+    };
+    const double plain_tps = decode_tps(plain);
     auto report = [&](const char* mode, int k, const Measured& measured) {
       const speculative::DecodeStats& s = measured.stats;
-      const double decode_tps =
-          s.decode_seconds > 0 ? (s.generated_tokens - batch) / s.decode_seconds : 0;
-      const double plain_tps =
-          plain.decode_seconds > 0 ? (plain.generated_tokens - batch) / plain.decode_seconds : 0;
+      const double tps = decode_tps(s);
       const double prefill_tps = s.prefill_seconds > 0 ? s.prompt_tokens / s.prefill_seconds : 0;
-      const double speedup = plain_tps > 0 ? decode_tps / plain_tps : 0;
+      const double speedup = plain_tps > 0 ? tps / plain_tps : 0;
       rows.push_back({{"mode", mode},
                       {"batch", batch},
                       {"draft_tokens", k},
+                      {"prompts", requests},
+                      {"prompt_tokens", s.prompt_tokens},
+                      {"generated_tokens", s.generated_tokens},
                       {"prefill_tokens_per_second", prefill_tps},
-                      {"decode_tokens_per_second", decode_tps},
+                      {"decode_tokens_per_second", tps},
+                      {"plain_decode_tokens_per_second", plain_tps},
                       {"tau", s.mean_accepted_length()},
                       {"acceptance_rate", s.acceptance_rate()},
                       {"speedup", speedup},
+                      {"drafted", s.drafted},
+                      {"accepted", s.accepted},
                       {"acceptance_by_position", acceptance_by_position(s)},
+                      {"drafted_at", s.drafted_at},
+                      {"accepted_at", s.accepted_at},
                       {"rounds", measured.rounds},
                       {"target_graph_replays", measured.target_replays}});
       if (!a.json) {
-        fmt::print("{:<12} {:>5} {:>3} {:>12.1f} {:>12.1f} {:>8.2f} {:>7.1f}% {:>7.2f}x\n", mode,
-                   batch, k, prefill_tps, decode_tps, s.mean_accepted_length(),
-                   100 * s.acceptance_rate(), speedup);
+        fmt::print("{:<12} {:>5} {:>3} {:>12.1f} {:>12.1f} {:>8.2f} {:>7.1f}% {:>7.2f}x  {}\n",
+                   mode, batch, k, prefill_tps, tps, s.mean_accepted_length(),
+                   100 * s.acceptance_rate(), speedup, by_position_text(s));
       }
     };
     report("plain", 0, plain_run);

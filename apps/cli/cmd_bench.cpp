@@ -27,6 +27,7 @@
 
 #include "apps/cli/bench.h"
 #include "apps/cli/commands.h"
+#include "apps/cli/prompt_format.h"
 #include "apps/cli/setup.h"
 #include "engine/backend/backends.h"
 #include "engine/model/gemma4/presets.h"
@@ -34,6 +35,30 @@
 
 namespace specula::cli {
 namespace {
+
+// Where the decode table's prompts came from: a prompt set (file, format,
+// count, token lengths), a plain text file cut into windows, or random ids.
+nlohmann::json prompts_json(const BenchArgs& a, const BenchPromptSet* set) {
+  if (!set) {
+    return {{"source", a.prompt_file.empty() ? "random" : "text"},
+            {"file", a.prompt_file},
+            {"prompt_tokens", a.prompt_tokens}};
+  }
+  size_t lo = SIZE_MAX, hi = 0, total = 0;
+  for (const auto& ids : set->ids) {
+    lo = std::min(lo, ids.size());
+    hi = std::max(hi, ids.size());
+    total += ids.size();
+  }
+  return {{"source", "prompt-set"},
+          {"file", set->path},
+          {"format", set->format},
+          {"count", set->ids.size()},
+          {"prompt_tokens",
+           {{"min", lo},
+            {"mean", static_cast<double>(total) / static_cast<double>(set->ids.size())},
+            {"max", hi}}}};
+}
 
 void run_bench(BenchArgs a) {
   if (!a.print_preset_config.empty() || !a.print_assistant_config.empty()) {
@@ -55,6 +80,7 @@ void run_bench(BenchArgs a) {
   for (int k : a.draft_tokens)
     if (k < 1) fail("--draft-tokens values must be >= 1, got {}", k);
   check_scheduler_args(a.scheduler);
+  parse_prompt_format(a.prompt_format);  // an unknown name fails here, naming the flag
   if (a.prompt_tokens < 1) fail("--prompt-tokens must be >= 1, got {}", a.prompt_tokens);
   if (a.gen_tokens < 1) fail("--gen-tokens must be >= 1, got {}", a.gen_tokens);
   {
@@ -101,7 +127,30 @@ void run_bench(BenchArgs a) {
     if (a.micro) fail("--serving and --micro are separate programs: give one");
     if (a.temperature != 0) fail("--serving measures greedy requests: give --temperature 0");
   }
+  // A prompt set is read (and its code blocks found) before anything loads.
+  std::optional<BenchPromptSet> prompt_set;
+  if (!a.prompt_file.empty() && is_prompt_set_file(a.prompt_file)) {
+    if (a.serving) {
+      fail(
+          "--prompt-file {}: --serving draws its own prompt lengths from a plain text file or "
+          "random ids; a prompt set (.jsonl) is measured by the decode table (leave out "
+          "--serving)",
+          a.prompt_file);
+    }
+    prompt_set = read_bench_prompt_set(a);
+    a.need_tokenizer = a.need_tokenizer || prompt_set->needs_tokenizer();
+  } else if (a.prompt_format != "text") {
+    fail("--prompt-format {}: formats the prompts of a prompt set (--prompt-file FILE.jsonl){}",
+         a.prompt_format,
+         a.prompt_file.empty() ? "" : fmt::format("; {} is plain text", a.prompt_file));
+  } else if (a.num_prompts_given && !a.serving) {
+    fail(
+        "--num-prompts: takes the first N prompts of a prompt set (--prompt-file FILE.jsonl) or "
+        "sets the requests of --serving");
+  }
   LoadedModels m = load_bench_models(a, device);
+  if (prompt_set) tokenize_bench_prompt_set(*prompt_set, a, m);
+  const BenchPromptSet* prompts = prompt_set ? &*prompt_set : nullptr;
   if (const int block = m.draft_source ? m.draft_source->max_draft_tokens() : 0; block > 0) {
     // A block drafter drafts at most its block per round: measure that by
     // default, and refuse longer drafts by name.
@@ -146,11 +195,12 @@ void run_bench(BenchArgs a) {
     nlohmann::json e2e = nlohmann::json::array();
     if (m.draft_source) {
       if (!a.json) {
-        fmt::print(
-            "\nend to end (speculative::decode, batch 1, {}-token prompts, {} new tokens):\n",
-            a.prompt_tokens, a.gen_tokens);
+        fmt::print("\nend to end (speculative::decode, batch 1, {}, {} new tokens):\n",
+                   prompts ? fmt::format("{} prompts of {}", prompts->ids.size(), prompts->path)
+                           : fmt::format("{}-token prompts", a.prompt_tokens),
+                   a.gen_tokens);
       }
-      e2e = decode_table(a, m, {1});
+      e2e = decode_table(a, m, {1}, prompts);
     }
     if (a.json) {
       fmt::print("{}\n", nlohmann::json{{"model", m.model_dir},
@@ -158,12 +208,13 @@ void run_bench(BenchArgs a) {
                                         {"device", device.str()},
                                         {"seed", a.seed},
                                         {"micro", micro},
+                                        {"prompts", prompts_json(a, prompts)},
                                         {"results", e2e}}
                              .dump());
     }
     return;
   }
-  nlohmann::json rows = decode_table(a, m, a.batches);
+  nlohmann::json rows = decode_table(a, m, a.batches, prompts);
   const bool penalties =
       a.repetition_penalty != 1.0f || a.presence_penalty != 0.0f || a.frequency_penalty != 0.0f;
   const bool plain_greedy = a.temperature == 0 && !penalties;
@@ -171,6 +222,7 @@ void run_bench(BenchArgs a) {
     fmt::print("{}\n", nlohmann::json{{"model", m.model_dir},
                                       {"draft", m.draft_dir},
                                       {"device", device.str()},
+                                      {"prompts", prompts_json(a, prompts)},
                                       {"sampling",
                                        {{"temperature", a.temperature},
                                         {"top_p", a.top_p},
@@ -198,8 +250,17 @@ void register_bench(CLI::App& app) {
   add_model_options(cmd, args->model, /*with_draft=*/true);
   add_scheduler_options(cmd, args->scheduler);
   cmd->add_option("--prompt-file", args->prompt_file,
-                  "Text file to cut prompts from (default: random token ids)");
-  cmd->add_option("--prompt-tokens", args->prompt_tokens, "Tokens per prompt")
+                  "Prompts: a .jsonl prompt set ({\"turns\": [...]} or {\"ids\": [...]} a "
+                  "line; each prompt used as it is, in file order), or a text file to cut "
+                  "--prompt-tokens windows from (default: random token ids)");
+  cmd->add_option("--prompt-format", args->prompt_format,
+                  "A .jsonl prompt set's first turn as: text (plain, with BOS), chat (a user "
+                  "message in the Gemma 4 chat format), or code-block (its first ``` code block, "
+                  "fence lines left out, as a completion prompt: HumanEval)")
+      ->capture_default_str();
+  cmd->add_option("--prompt-tokens", args->prompt_tokens,
+                  "Tokens per prompt (random ids and text files; a prompt set's prompts keep "
+                  "their lengths)")
       ->capture_default_str();
   cmd->add_option("--gen-tokens", args->gen_tokens, "Tokens generated per prompt")
       ->capture_default_str();
@@ -263,8 +324,10 @@ void register_bench(CLI::App& app) {
                 "Serve a continuous-arrival workload on the engine (Poisson arrivals, mixed "
                 "lengths): tokens/s, time to first token, inter-token latency, plain and "
                 "speculative");
-  cmd->add_option("--num-prompts", args->num_prompts, "--serving: requests in the workload")
-      ->capture_default_str();
+  CLI::Option* num_prompts = cmd->add_option(
+      "--num-prompts", args->num_prompts,
+      "A .jsonl prompt set: measure its first N prompts (default: all); --serving: requests in "
+      "the workload (default: 64)");
   cmd->add_option("--request-rate", args->request_rate,
                   "--serving: arrivals per second (Poisson); 0 = all at once")
       ->capture_default_str();
@@ -300,6 +363,14 @@ void register_bench(CLI::App& app) {
   cmd->add_option("--print-assistant-config", args->print_assistant_config,
                   "Print the config.json of a preset's assistant drafter and exit");
   cmd->footer(
+      "--prompt-file FILE.jsonl (a prompt set, by the .jsonl extension; the layout of `specula "
+      "ab` and DeepSpec's eval sets) decodes each of its prompts (--num-prompts: the first N) as "
+      "it is, --gen-tokens new tokens each, `--batch B` at a time in file order; per draft "
+      "length the table gives tau (tokens per verify round), the acceptance rate and by draft "
+      "position, decode tokens/s and the speedup over the plain row (--json: also "
+      "plain_decode_tokens_per_second, drafted_at / accepted_at counts, the prompts' lengths). "
+      "A prompt longer than the context (with --gen-tokens; --ctx-size) is an error naming its "
+      "line.\n"
       "--draft random (with --random-weights or --model) builds a random assistant drafter of "
       "the released shape for the target (head: --draft-head).\n"
       "--draft random-dspark[:G] builds a random DSpark drafter (specula layout) of the seed's "
@@ -318,9 +389,10 @@ void register_bench(CLI::App& app) {
       "x 4 bytes x 2; KV-shared layers re-read their donor's); roofline = (bytes / step time) / "
       "copy bandwidth; prefill flops = 2 x tokens x matrix parameters per token + 2 x V x H + "
       "attention 4 x heads x head dim x visible keys summed over queries.");
-  cmd->callback([args, batch] {
+  cmd->callback([args, batch, num_prompts] {
     BenchArgs a = *args;
     a.batches_given = batch->count() > 0;
+    a.num_prompts_given = num_prompts->count() > 0;
     run_bench(std::move(a));
   });
 }

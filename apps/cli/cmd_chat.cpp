@@ -10,7 +10,6 @@
 #include "apps/cli/commands.h"
 #include "apps/cli/setup.h"
 #include "engine/chat/chat_format.h"
-#include "engine/chat/chat_template_check.h"
 #include "engine/runtime/text_generation.h"
 
 namespace specula::cli {
@@ -33,21 +32,7 @@ void run_chat(const ChatArgs& args) {
   // A model turn ends with the end-of-turn token.
   if (auto end_turn = m.tokenizer->token_to_id("<turn|>"))
     params.stop_token_ids.push_back(*end_turn);
-  ChatOptions options;
-  // The edge models (E2B/E4B) carry per-layer embeddings; their template differs slightly.
-  options.family =
-      m.target->config().has_ple() ? ChatTemplateFamily::kEdge : ChatTemplateFamily::kLarge;
-  // specula renders the released Gemma 4 template natively; say so when the
-  // checkpoint ships another one (or none), and follow its flavour when known.
-  const ChatTemplateCheck check = check_checkpoint_chat_template(m.model_dir);
-  if (check.status == ChatTemplateCheck::Status::kCurrent ||
-      check.status == ChatTemplateCheck::Status::kOlderOfficial) {
-    options.family = check.family;
-  }
-  if (!args.quiet && check.status != ChatTemplateCheck::Status::kCurrent)
-    fmt::print(stderr, "note: {}\n", check.message);
-  if (auto bos = m.tokenizer->bos_id())
-    options.bos_token = m.tokenizer->id_to_token(*bos).value_or("<bos>");
+  const ChatOptions options = chat_options(m, args.quiet);
 
   std::vector<ChatMessage> messages;
   if (!args.system.empty()) messages.push_back(ChatMessage::text("system", args.system));

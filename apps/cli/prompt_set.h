@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Prompt sets for `specula calibrate` and `specula ab`: JSONL, one prompt a
+// Prompt sets for `specula calibrate`, `specula ab` and `specula bench` (see
+// prompt_format.h for bench's --prompt-format): JSONL, one prompt a
 // line, in DeepSpec's layout {"turns": ["first user turn", ...]} (the first
 // turn is the prompt, tokenized as plain text with BOS, as `generate
 // --prompt` does) or as token ids {"ids": [2, 17, ...]} (for checkpoints

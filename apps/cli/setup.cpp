@@ -14,6 +14,7 @@
 #include <filesystem>
 
 #include "engine/backend/backends.h"
+#include "engine/chat/chat_template_check.h"
 
 namespace specula::cli {
 namespace {
@@ -326,6 +327,23 @@ void set_threads(int threads) {
          max_threads, cpu_cores());
   }
   set_cpu_threads(threads);
+}
+
+ChatOptions chat_options(const LoadedModels& m, bool quiet) {
+  SPECULA_CHECK(m.tokenizer.has_value(), "the chat format needs a tokenizer");
+  ChatOptions options;
+  options.family =
+      m.target->config().has_ple() ? ChatTemplateFamily::kEdge : ChatTemplateFamily::kLarge;
+  const ChatTemplateCheck check = check_checkpoint_chat_template(m.model_dir);
+  if (check.status == ChatTemplateCheck::Status::kCurrent ||
+      check.status == ChatTemplateCheck::Status::kOlderOfficial) {
+    options.family = check.family;
+  }
+  if (!quiet && check.status != ChatTemplateCheck::Status::kCurrent)
+    fmt::print(stderr, "note: {}\n", check.message);
+  if (auto bos = m.tokenizer->bos_id())
+    options.bos_token = m.tokenizer->id_to_token(*bos).value_or("<bos>");
+  return options;
 }
 
 std::string summary_line(const speculative::DecodeStats& s, bool speculative) {

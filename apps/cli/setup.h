@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/chat/chat_format.h"
 #include "engine/draft/assistant/assistant_drafter.h"
 #include "engine/draft/dspark/dspark_drafter.h"
 #include "engine/draft/ngram/ngram_drafter.h"
@@ -114,6 +115,13 @@ void load_dspark(LoadedModels& models, const std::string& dir, const ModelArgs& 
 // calibration to a DSpark drafter; returns a description for the load log.
 std::string apply_pruning(dspark::DSparkDrafter& drafter, const dspark::DSparkModel& model,
                           const ModelArgs& args);
+
+// The chat format of the loaded target (needs m.tokenizer): the template
+// family of the checkpoint when it ships a recognised Gemma 4 template (else
+// by shape: E2B/E4B carry per-layer embeddings), and the tokenizer's BOS text.
+// Unless quiet, a note on stderr says when the checkpoint ships another
+// template (or none), since specula renders the released one natively.
+ChatOptions chat_options(const LoadedModels& m, bool quiet);
 
 // Parses "1,2,3" (spaces allowed) into token ids; an Error names the bad item.
 using io::parse_id_list;

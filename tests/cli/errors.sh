@@ -183,5 +183,34 @@ expect_error sps-cache-malformed "sps_bad.json" \
   "$specula" bench --model "$fixture" --draft "$src/tests/golden/dspark" --spec-scheduler on \
   --sps-cache "$tmp/sps_bad.json" --batch 2 --gen-tokens 2 --prompt-tokens 4
 
+# bench --prompt-file SET.jsonl: the set is read (and its code blocks found)
+# before any model loads; a bad line, count or format names the file and line.
+printf '%s\n' '{"turns": ["Solve:\n```python\ndef f():\n```"]}' '{"turns": ["no code here"]}' \
+  '{"ids": [2, 5, 9]}' >"$tmp/set.jsonl"
+expect_error bench-set-no-code-block "set.jsonl:2: --prompt-format code-block: the first turn has no fenced" \
+  "$specula" bench --model "$fixture" --prompt-file "$tmp/set.jsonl" --prompt-format code-block
+printf '%s\n' '{"turns": ["```\nx = 1\n```"]}' '{"ids": [2, 5, 9]}' >"$tmp/ids.jsonl"
+expect_error bench-set-ids-code-block "ids.jsonl:2: an {\"ids\": [...]} prompt has no text" \
+  "$specula" bench --model "$fixture" --prompt-file "$tmp/ids.jsonl" --prompt-format code-block
+printf '%s\n' '{"ids": [2, 5]}' '{"ids": [2, 5' >"$tmp/broken.jsonl"
+expect_error bench-set-malformed "broken.jsonl:2: not a JSON object" \
+  "$specula" bench --model "$fixture" --prompt-file "$tmp/broken.jsonl"
+expect_error bench-num-prompts-0 "--num-prompts 0: $tmp/set.jsonl holds 3 prompts; give a count in [1, 3]" \
+  "$specula" bench --model "$fixture" --prompt-file "$tmp/set.jsonl" --num-prompts 0
+expect_error bench-num-prompts-absurd "--num-prompts 1000000: $tmp/set.jsonl holds 3 prompts" \
+  "$specula" bench --model "$fixture" --prompt-file "$tmp/set.jsonl" --num-prompts 1000000
+expect_error bench-num-prompts-no-set "--num-prompts: takes the first N prompts of a prompt set" \
+  "$specula" bench --model "$fixture" --num-prompts 4
+expect_error bench-prompt-format-text-file "--prompt-format chat: formats the prompts of a prompt set" \
+  "$specula" bench --model "$fixture" --prompt-format chat --prompt-file "$src/README.md"
+expect_error bench-prompt-format-unknown "--prompt-format" \
+  "$specula" bench --model "$fixture" --prompt-file "$tmp/set.jsonl" --prompt-format markdown
+expect_error bench-set-serving "--serving draws its own prompt lengths" \
+  "$specula" bench --model "$fixture" --prompt-file "$tmp/set.jsonl" --serving
+printf '%s\n' '{"ids": [2, 5, 9, 14, 3, 4, 6, 7, 8]}' >"$tmp/long.jsonl"
+expect_error bench-set-prompt-too-long \
+  "long.jsonl:1: the prompt is 9 tokens (--prompt-format text); with --gen-tokens 4 that is 13 tokens, past the context of 8 tokens" \
+  "$specula" bench --model "$fixture" --ctx-size 8 --prompt-file "$tmp/long.jsonl" --gen-tokens 4
+
 echo "cli errors: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]
