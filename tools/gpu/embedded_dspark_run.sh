@@ -5,14 +5,16 @@
 #      continuations and its tapped hidden states, as shards (a run cut short by its time limit
 #      keeps the shards it finished: regen writes each one whole);
 #   2. tools/train/train_dspark.py on those shards, under a wall-time budget, exported in bf16;
-#   3. `specula bench` on held-out text (.carry/corpus/heldout.txt.xz) with the new drafter and
-#      with the shipped assistant.
+#   3. `specula bench` on HumanEval's code blocks (.carry/prompts/humaneval.jsonl, copied from
+#      ../shared/data/prompts) or else held-out text (.carry/corpus/heldout.txt.xz), with the new
+#      drafter and with the shipped assistant.
 # Optionally first the CUDA tests (STAGES="tests ..."). Results under $OUT: status.txt, the logs,
 # dspark.tgz (the exported drafter: model.safetensors, dspark.json, train_log.jsonl).
 #
 #   OUT=/tmp/out bash tools/gpu/embedded_dspark_run.sh BIN_DIR
 # Environment: STAGES (default "regen train bench"), TEST_FILTER, REGEN_SECONDS (150),
-# TRAIN_SECONDS (200), TAPS (2,5,8), BLOCK (8), DSPARK_ARGS (extra train_dspark.py flags).
+# TRAIN_SECONDS (200), TAPS (2,5,8), BLOCK (8), LAYERS (2), MARKOV_RANK (32), DSPARK_ARGS (extra
+# train_dspark.py flags, after the defaults, so they override them).
 set -uo pipefail
 
 OUT=${OUT:?set OUT to the folder for logs and results}
@@ -52,7 +54,7 @@ if has_stage train; then
   # Sized for models/ (<= 32 MB in all): d 256, 2 layers, Markov rank 32, bf16 export (~4 MB).
   step train $((TRAIN_SECONDS + 90)) train.log python3 tools/train/train_dspark.py \
     --shards "$WORK/shards" --target "$TARGET" --out "$WORK/dspark" --block-size "$BLOCK" \
-    --layers 2 --hidden 256 --heads 4 --ffn-mult 2 --markov-rank 32 --steps 1000000 \
+    --layers "${LAYERS:-2}" --hidden 256 --heads 4 --ffn-mult 2 --markov-rank "${MARKOV_RANK:-32}" --steps 1000000 \
     --max-seconds "$TRAIN_SECONDS" --batch 128 --anchors-per-seq 8 --lr 1e-3 --warmup 200 \
     --eval-every 1000 --log-every 200 --export-dtype bf16 ${DSPARK_ARGS:-}
   grep '"eval"' "$OUT/train.log" | tail -2
@@ -61,14 +63,24 @@ if has_stage train; then
 fi
 
 if has_stage bench; then
-  xz -dkc .carry/corpus/heldout.txt.xz >"$WORK/heldout.txt"
-  common=(bench --model "$TARGET" --device cuda --prompt-file "$WORK/heldout.txt" --prompt-tokens 128
-    --gen-tokens 128 --batch 1 --json)
-  step "bench dspark" 120 bench_dspark.log "$SPECULA" "${common[@]}" --draft "$WORK/dspark" -k "$BLOCK"
-  step "bench assistant" 120 bench_assistant.log "$SPECULA" "${common[@]}" \
+  # Live, greedy, batch 1: HumanEval's code blocks as completion prompts (issue #32's set) when
+  # .carry/prompts/humaneval.jsonl is there, else windows of held-out text.
+  if [[ -f .carry/prompts/humaneval.jsonl ]]; then
+    set_args=(--prompt-file .carry/prompts/humaneval.jsonl --prompt-format code-block)
+  else
+    xz -dkc .carry/corpus/heldout.txt.xz >"$WORK/heldout.txt"
+    set_args=(--prompt-file "$WORK/heldout.txt" --prompt-tokens 128)
+  fi
+  common=(bench --model "$TARGET" --device cuda "${set_args[@]}" --gen-tokens 128 --batch 1 --json)
+  if [[ -f $WORK/dspark/model.safetensors ]]; then
+    step "bench dspark" 120 bench_dspark.log "$SPECULA" "${common[@]}" --draft "$WORK/dspark" -k "$BLOCK"
+  fi
+  step "bench assistant" 150 bench_assistant.log "$SPECULA" "${common[@]}" \
     --draft models/gemma4-tiny-py-assistant -k 2 4 6 8
-  tail -c 1500 "$OUT/bench_dspark.log"
-  tail -c 1500 "$OUT/bench_assistant.log"
+  for f in bench_dspark bench_assistant; do
+    [[ -f $OUT/$f.log ]] && grep -o '"mode":"[a-z]*"\|"tau":[0-9.]*\|"draft_tokens":[0-9]*\|"decode_tokens_per_second":[0-9.]*' \
+      "$OUT/$f.log" | paste -sd' ' | sed "s/^/$f: /"
+  done
 fi
 
 echo "== status"
