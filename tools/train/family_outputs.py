@@ -119,6 +119,25 @@ def drafter_only_command(a):
     ]
 
 
+def train_command(a):
+    """The train_family.py command line of this run (the flags that differ from the defaults)."""
+    flags = [f"--target-minutes {a['target_minutes']}", f"--drafter-minutes {a['drafter_minutes']}",
+             f"--batch {a['batch']}", f"--tokenizer-max-chars {a['tokenizer_max_chars']:g}",
+             f"--seed {a['seed']}", f"--deadline-seconds {a['deadline_seconds']:.0f}"]
+    if a.get("baseline"):
+        flags.append(f"--baseline {a['baseline']}")
+    return ["    python3 tools/train/train_family.py --corpus .carry/corpus --out . --pack-dir $OUT \\",
+            "        " + " ".join(flags)]
+
+
+def loops_limitation(loops):
+    if not loops or loops["fraction"] >= 0.8:
+        return []
+    return [f"- Greedy decoding still loops: {loops['without_triple_line']} of {loops['prompts']} held-out "
+            f"continuations ({100 * loops['fraction']:.0f}%) have no line repeated three times in a row; "
+            "issue #32 asks for 80%."]
+
+
 def baseline_text(res):
     b = res.get("baseline")
     if not b:
@@ -258,27 +277,19 @@ def model_card(res):
         "",
         f"- {tk['tokens']['train'] / 1e6:.1f}M training tokens for {t['params'] / 1e6:.1f}M parameters; the best "
         f"validation checkpoint came after about {best_epochs:.1f} epochs.",
-        f"- τ = {f(tau, 2)} at K = 4 on held-out prompts"
-        + ("" if tau is None or tau >= 2.5 else f", short of the 2.5 goal by {2.5 - tau:.2f}") + ". "
-        + (f"The first drafter, trained on {prev['pool']['sequences']:,} continuations of training prompts only "
-           f"({prev['iterations']} iterations), reached τ {prev['tau']:.2f}: about 87% top-1 agreement on its own "
-           "pool but 56% first-draft acceptance on held-out prompts (overfitting), hence the retrain on a larger, "
-           "mixed pool." if prev else
-           "The drafter reached about 87% top-1 agreement on its (teacher-forced, training-prompt) pool but 56% "
-           "first-draft acceptance on held-out prompts: a larger and more varied pool (more prompts, held-out-like "
-           "text, shorter continuations) is the first thing to try."),
+        f"- τ = {f(tau, 2)} at K = 4 on held-out prompts; first-draft acceptance "
+        f"{f((sp.get('acceptance_at') or [None])[0])}.",
+        *loops_limitation(t.get("loops")),
         f"- Wall-time budgets of this run: target {budgets.get('target_seconds', 'n/a')} s, drafter "
-        f"{budgets.get('drafter_seconds_planned', 'n/a')} s (scaled down from the requested "
-        f"{res['args']['target_minutes']} / {res['args']['drafter_minutes']} minutes to fit the device-time "
-        "deadline).",
+        f"{budgets.get('drafter_seconds_planned', 'n/a')} s (requested {res['args']['target_minutes']} / "
+        f"{res['args']['drafter_minutes']} minutes; the budgets shrink when the run's deadline cannot hold them).",
         "- Trained at context 512; nothing was checked beyond it.",
         "",
         "## Reproduce",
         "",
         "    python3 tools/train/build_corpus.py                # here: writes .carry/corpus/",
-        "    python3 tools/train/train_family.py --corpus .carry/corpus --out . --pack-dir $OUT \\",
-        f"        --target-minutes {res['args']['target_minutes']} --drafter-minutes {res['args']['drafter_minutes']} "
-        f"--seed {res['args']['seed']} --deadline-seconds {res['args']['deadline_seconds']:.0f}",
+        "    # on the GPU machine, carrying .carry/corpus (tools/gpu/family_run.sh runs this):",
+        *train_command(res["args"]),
         *drafter_only_command(res.get("drafter_only_args")),
         "",
         f"Versions: {', '.join(f'{k} {v}' for k, v in res['versions'].items())}. Wall-time budgets make runs",
