@@ -42,7 +42,8 @@ struct BenchArgs {
   // --micro: forward timings against the measured copy bandwidth and matrix peak.
   bool micro = false;
   int context = 512;
-  int prefill_tokens = 4096;
+  int prefill_tokens = 4096;  // unless given: at most the model's context - 1
+  bool prefill_tokens_given = false;
   int verify_tokens = 5;
   int reps = 10;
   int64_t copy_mib = 2048;

@@ -185,6 +185,9 @@ void run_bench(BenchArgs a) {
     if (a.verify_tokens < 1 || a.verify_tokens > max_window)
       fail("--verify-tokens must be in [1, {}] (the cache's rollback slack), got {}", max_window,
            a.verify_tokens);
+    // The default prefill fits small models (the embedded family's context is 4096).
+    if (!a.prefill_tokens_given && int64_t{a.prefill_tokens} + 1 > m.target->max_context())
+      a.prefill_tokens = static_cast<int>(m.target->max_context() - 1);
     if (int64_t{a.context} + a.verify_tokens + 1 > m.target->max_context() ||
         int64_t{a.prefill_tokens} + 1 > m.target->max_context()) {
       fail("--context {} / --prefill-tokens {} exceed the model's maximum context of {} tokens",
@@ -347,8 +350,10 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--context", args->context, "--micro: tokens per row before a decode step")
       ->capture_default_str();
-  cmd->add_option("--prefill-tokens", args->prefill_tokens, "--micro: tokens of the timed prefill")
-      ->capture_default_str();
+  cmd->add_option("--prefill-tokens", args->prefill_tokens,
+                  "--micro: tokens of the timed prefill (default 4096, or the model's context - 1 "
+                  "when that is smaller)")
+      ->each([args](const std::string&) { args->prefill_tokens_given = true; });
   cmd->add_option("--verify-tokens", args->verify_tokens, "--micro: tokens of the verify window")
       ->capture_default_str();
   cmd->add_option("--reps", args->reps, "--micro: timed repetitions (the median is reported)")

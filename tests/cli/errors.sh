@@ -145,6 +145,10 @@ expect_output text-stdin-long "1250000" \
   bash -c '"$1" tokenize --no-special --text-file - <"$2" | tr , "\n" | wc -l' _ "$specula" "$tmp/long.txt"
 
 # serve: absurd flags are refused before anything loads; a busy port names itself.
+# bench --micro: the default prefill shrinks to a small model's context (the embedded
+# family's is 4096); one given past it is refused, naming both numbers.
+expect_error micro-prefill-past-context "--prefill-tokens 4096 exceed the model's maximum context of 4096" \
+  "$specula" bench --micro --no-draft --prefill-tokens 4096 --threads 1
 expect_error serve-bad-port "--port: 99999" "$specula" serve --port 99999
 expect_error serve-bad-max-num-seqs "--max-num-seqs: 0" "$specula" serve --max-num-seqs 0
 expect_error serve-bad-timeout "--request-timeout: -1" "$specula" serve --request-timeout -1
