@@ -126,6 +126,8 @@ def train_command(a):
              f"--seed {a['seed']}", f"--deadline-seconds {a['deadline_seconds']:.0f}"]
     if a.get("baseline"):
         flags.append(f"--baseline {a['baseline']}")
+    if a.get("init_target"):
+        flags.append(f"--init-target {a['init_target']}")
     return ["    python3 tools/train/train_family.py --corpus .carry/corpus --out . --pack-dir $OUT \\",
             "        " + " ".join(flags)]
 
@@ -208,6 +210,8 @@ def model_card(res):
         "proportional (partial 0.25) θ 1e6, tied embeddings, `max_position_embeddings` 4096 (trained at",
         f"context {CTX}: quality beyond that is untested).",
         "",
+        (f"Continued from the weights and tokenizer of `{res['args']['init_target']}` (see its previous "
+         "card in git history). " if res["args"].get("init_target") else "") +
         f"Training: {tt['steps']} steps of {tt['batch']} x {CTX} tokens ({tt['tokens'] / 1e6:.0f}M tokens, "
         f"{tt['epochs']} epochs of the training split) in {tt['seconds']:.0f} s on one {res['versions']['device']}; "
         f"AdamW (fused, betas 0.9/0.95, weight decay {tt['weight_decay']}), peak LR {tt['peak_lr']}, warmup "

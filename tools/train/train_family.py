@@ -101,6 +101,9 @@ def parse_args():
     ap.add_argument("--eval-new", type=int, default=64)
     ap.add_argument("--loop-prompts", type=int, default=64, help="held-out prompts of the loop check")
     ap.add_argument("--loop-new", type=int, default=96, help="greedy tokens per prompt of the loop check")
+    ap.add_argument("--init-target", default="",
+                    help="continue training this target folder (its weights and its tokenizer.json; the "
+                         "tokenizer is not retrained) instead of starting from random weights")
     ap.add_argument("--baseline", default="",
                     help="a previous target folder (with its tokenizer.json) to evaluate on the same held-out "
                          "text first, before models/ is overwritten (e.g. models/gemma4-tiny-py)")
@@ -126,6 +129,25 @@ def parse_args():
         a.eval_prompts = 8
     a.prompt_lens = [int(x) for x in a.prompt_lens.split(",")]
     return a
+
+
+def reuse_tokenizer(path):
+    """--init-target: the folder's tokenizer (ids must not move under trained weights) and the
+    statistics its run recorded (tests/golden/embedded/meta.json when it is there)."""
+    from tokenizers import Tokenizer
+
+    with open(os.path.join(path, "tokenizer.json"), encoding="utf-8") as f:
+        tok_obj = json.load(f)
+    tok = Tokenizer.from_str(json.dumps(tok_obj, ensure_ascii=False))
+    info = {}
+    meta = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", GOLDEN_DIR, "meta.json")
+    if os.path.exists(meta):
+        with open(meta, encoding="utf-8") as f:
+            info = dict(json.load(f).get("tokenizer", {}))
+    info.update(merges=len(tok_obj["model"]["merges"]), reused_from=path)
+    info.setdefault("unused_padding", sum(1 for t in tok_obj["model"]["vocab"] if t.startswith("<unused")))
+    info.setdefault("training_chars", 0)
+    return tok, tok_obj, info
 
 
 def evaluate_baseline(path, held_docs, held_chars, loop_prompts, tok, args, device, model_cls):
@@ -181,7 +203,10 @@ def main():
     manifest, docs = load_corpus(args.corpus)
     res["corpus"] = dict(packages=manifest["packages"], counts=manifest["counts"], chars=manifest["chars"],
                          split_rule=manifest["split_rule"], selection=manifest["selection"])
-    tok, tok_obj, tok_info = train_tokenizer(docs["train"], args.tokenizer_max_chars)
+    if args.init_target:
+        tok, tok_obj, tok_info = reuse_tokenizer(args.init_target)
+    else:
+        tok, tok_obj, tok_info = train_tokenizer(docs["train"], args.tokenizer_max_chars)
     ids = {s: encode_docs(tok, docs[s]) for s in ("train", "valid", "heldout")}
     n_tok = {s: sum(len(d) for d in v) for s, v in ids.items()}
     tok_info["chars_per_token"] = sum(len(d) for d in docs["heldout"]) / max(1, n_tok["heldout"] - 2 * len(ids["heldout"]))
@@ -214,7 +239,12 @@ def main():
     t = time.time()
     torch.manual_seed(args.seed)
     tcfg = Gemma4TextConfig(**target_text_kwargs())
-    target = build_model(Gemma4ForCausalLM, tcfg, torch.float32).to(device)
+    if args.init_target:  # continued training: the saved bf16 weights, widened to f32
+        target = load_model(Gemma4ForCausalLM, args.init_target, torch.float32, device).requires_grad_(True)
+        if target.config.to_dict().get("hidden_size") != tcfg.hidden_size:
+            raise RuntimeError(f"--init-target {args.init_target}: not this script's target shape")
+    else:
+        target = build_model(Gemma4ForCausalLM, tcfg, torch.float32).to(device)
     ensure_tied(target, "target")
     n_params_t = sum(p.numel() for p in target.parameters())
     log(f"target params {n_params_t:,}")
