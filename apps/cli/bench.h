@@ -112,20 +112,16 @@ bool is_prompt_set_file(const std::string& path);
 
 // A prompt set for the decode table: its prompts, in file order.
 struct BenchPromptSet {
-  std::string path;
-  std::string format;                     // --prompt-format
-  std::vector<PromptEntry> entries;       // the first --num-prompts (or all)
-  std::vector<std::string> texts;         // per entry: prompt_text() (empty for ids)
+  FormattedPromptSet prompts;             // the first --num-prompts (or all), formatted
   std::vector<std::vector<int32_t>> ids;  // per entry, set by tokenize_bench_prompt_set
-  bool needs_tokenizer() const;
 };
-// Reads and formats the set before any model loads, so that a malformed line,
-// a missing code block or a bad --num-prompts (outside [1, prompts in the
-// file]) fails at once, naming the file and line.
+// read_formatted_prompt_set (prompt_set.h) with bench's --prompt-file,
+// --prompt-format and --num-prompts, before any model loads.
 BenchPromptSet read_bench_prompt_set(const BenchArgs& a);
-// Tokenizes each prompt (text and code-block: with BOS; chat: rendered in the
-// target's chat format) and checks that it fits: prompt + --gen-tokens within
-// the target's context, else an Error names the file, line and lengths.
+// Tokenizes each prompt (tokenize_prompt_set: text and code-block with BOS,
+// chat rendered in the target's chat format) and checks that it fits: prompt +
+// --gen-tokens within the target's context, else an Error names the file,
+// line and lengths.
 void tokenize_bench_prompt_set(BenchPromptSet& set, const BenchArgs& a, const LoadedModels& m);
 
 // The target (and drafter) the arguments ask for, on `device`.

@@ -115,62 +115,19 @@ bool is_prompt_set_file(const std::string& path) {
   return std::filesystem::path(path).extension() == ".jsonl";
 }
 
-bool BenchPromptSet::needs_tokenizer() const {
-  for (const PromptEntry& e : entries)
-    if (e.is_text) return true;
-  return false;
-}
-
 BenchPromptSet read_bench_prompt_set(const BenchArgs& a) {
-  const PromptFormat format = parse_prompt_format(a.prompt_format);
-  PromptSet set = read_prompt_set(a.prompt_file);
-  const auto total = static_cast<int64_t>(set.entries.size());
-  if (a.num_prompts_given) {
-    if (a.num_prompts < 1 || a.num_prompts > total) {
-      fail("--num-prompts {}: {} holds {} prompt{}; give a count in [1, {}]", a.num_prompts,
-           a.prompt_file, total, total == 1 ? "" : "s", total);
-    }
-    set.entries.resize(static_cast<size_t>(a.num_prompts));
-  }
-  BenchPromptSet out{.path = a.prompt_file, .format = a.prompt_format};
-  for (const PromptEntry& e : set.entries) out.texts.push_back(prompt_text(e, format, set.path));
-  out.entries = std::move(set.entries);
-  return out;
+  return {.prompts = read_formatted_prompt_set(
+              a.prompt_file, a.prompt_format,
+              a.num_prompts_given ? std::optional<int>(a.num_prompts) : std::nullopt),
+          .ids = {}};
 }
 
 void tokenize_bench_prompt_set(BenchPromptSet& set, const BenchArgs& a, const LoadedModels& m) {
-  const PromptFormat format = parse_prompt_format(set.format);
-  const int64_t vocab = m.target->config().vocab_size;
-  const int64_t context = m.target->max_context();
   std::optional<ChatOptions> chat;
-  if (format == PromptFormat::kChat) chat = chat_options(m, a.json);
-  set.ids.clear();
-  for (size_t i = 0; i < set.entries.size(); ++i) {
-    const PromptEntry& e = set.entries[i];
-    std::vector<int32_t> ids;
-    if (!e.is_text) {
-      for (int32_t id : e.ids) {
-        if (id < 0 || id >= vocab)
-          fail("--prompt-file {}:{}: token id {} is outside the model's vocabulary [0, {})",
-               set.path, e.line, id, vocab);
-      }
-      ids = e.ids;
-    } else if (chat) {
-      // The rendered conversation starts with the BOS text itself.
-      const std::string rendered = render_chat({ChatMessage::text("user", set.texts[i])}, *chat);
-      ids = m.tokenizer->encode(rendered, /*add_special_tokens=*/false);
-    } else {
-      ids = m.tokenizer->encode(set.texts[i], /*add_special_tokens=*/true);
-    }
-    if (static_cast<int64_t>(ids.size()) + a.gen_tokens > context) {
-      fail(
-          "--prompt-file {}:{}: the prompt is {} tokens (--prompt-format {}); with --gen-tokens "
-          "{} that is {} tokens, past the context of {} tokens (--ctx-size)",
-          set.path, e.line, ids.size(), set.format, a.gen_tokens,
-          static_cast<int64_t>(ids.size()) + a.gen_tokens, context);
-    }
-    set.ids.push_back(std::move(ids));
-  }
+  if (set.prompts.format == PromptFormat::kChat) chat = chat_options(m, a.json);
+  set.ids = tokenize_prompt_set(set.prompts, m.tokenizer ? &*m.tokenizer : nullptr,
+                                m.target->config().vocab_size, chat ? &*chat : nullptr);
+  check_prompts_fit(set.prompts, set.ids, a.gen_tokens, "--gen-tokens", m.target->max_context());
 }
 
 // ---------------------------------------------------------------------------- loading

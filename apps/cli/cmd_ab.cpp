@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 
 #include "apps/cli/commands.h"
@@ -27,7 +28,9 @@ struct AbArgs {
   ModelArgs model;
   std::string draft_a, draft_b;
   std::string prompt_file;
-  int draft_tokens = 0;  // shared -k; 0: each drafter's own length
+  std::string prompt_format = "text";  // text, chat or code-block
+  std::optional<int> num_prompts;      // the first N prompts of the file; else all
+  int draft_tokens = 0;                // shared -k; 0: each drafter's own length
   int draft_tokens_a = 0, draft_tokens_b = 0;
   int max_tokens = 64;
   double max_drop = 3.0;
@@ -147,14 +150,20 @@ void run_ab(const AbArgs& a) {
   if (a.max_tokens < 1) fail("--max-tokens: {} must be at least 1", a.max_tokens);
   if (!(a.max_drop >= 0) || !std::isfinite(a.max_drop))
     fail("--max-drop: {} is not a number of points >= 0", a.max_drop);
-  const PromptSet set = read_prompt_set(a.prompt_file);
-  LoadedModels m = load_models(a.model, /*with_draft=*/false, set.needs_tokenizer(), a.json);
+  const FormattedPromptSet prompts =
+      read_formatted_prompt_set(a.prompt_file, a.prompt_format, a.num_prompts);
+  LoadedModels m =
+      load_models(a.model, /*with_draft=*/false, prompts.set.needs_tokenizer(), a.json);
   Arm arm_a = load_arm(m, "A", "--draft-a", a.draft_a, a.model,
                        a.draft_tokens_a ? a.draft_tokens_a : a.draft_tokens, a.json);
   Arm arm_b = load_arm(m, "B", "--draft-b", a.draft_b, a.model,
                        a.draft_tokens_b ? a.draft_tokens_b : a.draft_tokens, a.json);
+  std::optional<ChatOptions> chat;
+  if (prompts.format == PromptFormat::kChat) chat = chat_options(m, a.json);
   const std::vector<std::vector<int32_t>> ids =
-      prompt_ids(set, m.tokenizer ? &*m.tokenizer : nullptr, m.target->config().vocab_size);
+      tokenize_prompt_set(prompts, m.tokenizer ? &*m.tokenizer : nullptr,
+                          m.target->config().vocab_size, chat ? &*chat : nullptr);
+  check_prompts_fit(prompts, ids, a.max_tokens, "--max-tokens", m.target->max_context());
   SamplingArgs sampling;
   sampling.params.temperature = 0.0f;
   sampling.params.max_tokens = a.max_tokens;
@@ -205,8 +214,11 @@ void register_ab(CLI::App& app) {
   cmd->add_option("--draft-b", args->draft_b, "Candidate drafter, as --draft-a")->required();
   cmd->add_option("--prompt-file", args->prompt_file,
                   "Prompts, JSONL: {\"turns\": [\"text\", ...]} (DeepSpec's layout; the first "
-                  "turn, BOS added) or {\"ids\": [token ids]}")
+                  "turn, BOS added, or as --prompt-format says) or {\"ids\": [token ids]}")
       ->required();
+  cmd->add_option("--prompt-format", args->prompt_format, kPromptFormatHelp)->capture_default_str();
+  cmd->add_option("--num-prompts", args->num_prompts,
+                  "Use the first N prompts of the file (default: all)");
   add_model_options(cmd, args->model, /*with_draft=*/false);
   cmd->add_option("--draft-tokens,-k", args->draft_tokens,
                   "Draft tokens per round for both arms (default: each drafter's own length: a "

@@ -51,8 +51,8 @@ nlohmann::json prompts_json(const BenchArgs& a, const BenchPromptSet* set) {
     total += ids.size();
   }
   return {{"source", "prompt-set"},
-          {"file", set->path},
-          {"format", set->format},
+          {"file", set->prompts.set.path},
+          {"format", set->prompts.format_name},
           {"count", set->ids.size()},
           {"prompt_tokens",
            {{"min", lo},
@@ -138,7 +138,7 @@ void run_bench(BenchArgs a) {
           a.prompt_file);
     }
     prompt_set = read_bench_prompt_set(a);
-    a.need_tokenizer = a.need_tokenizer || prompt_set->needs_tokenizer();
+    a.need_tokenizer = a.need_tokenizer || prompt_set->prompts.set.needs_tokenizer();
   } else if (a.prompt_format != "text") {
     fail("--prompt-format {}: formats the prompts of a prompt set (--prompt-file FILE.jsonl){}",
          a.prompt_format,
@@ -199,7 +199,8 @@ void run_bench(BenchArgs a) {
     if (m.draft_source) {
       if (!a.json) {
         fmt::print("\nend to end (speculative::decode, batch 1, {}, {} new tokens):\n",
-                   prompts ? fmt::format("{} prompts of {}", prompts->ids.size(), prompts->path)
+                   prompts ? fmt::format("{} prompts of {}", prompts->ids.size(),
+                                         prompts->prompts.set.path)
                            : fmt::format("{}-token prompts", a.prompt_tokens),
                    a.gen_tokens);
       }
@@ -256,11 +257,7 @@ void register_bench(CLI::App& app) {
                   "Prompts: a .jsonl prompt set ({\"turns\": [...]} or {\"ids\": [...]} a "
                   "line; each prompt used as it is, in file order), or a text file to cut "
                   "--prompt-tokens windows from (default: random token ids)");
-  cmd->add_option("--prompt-format", args->prompt_format,
-                  "A .jsonl prompt set's first turn as: text (plain, with BOS), chat (a user "
-                  "message in the Gemma 4 chat format), or code-block (its first ``` code block, "
-                  "fence lines left out, as a completion prompt: HumanEval)")
-      ->capture_default_str();
+  cmd->add_option("--prompt-format", args->prompt_format, kPromptFormatHelp)->capture_default_str();
   cmd->add_option("--prompt-tokens", args->prompt_tokens,
                   "Tokens per prompt (random ids and text files; a prompt set's prompts keep "
                   "their lengths)")

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include "apps/cli/commands.h"
 #include "apps/cli/confidence_recorder.h"
@@ -26,6 +27,8 @@ namespace {
 struct CalibrateArgs {
   ModelArgs model;
   std::string prompt_file;
+  std::string prompt_format = "text";  // text, chat or code-block
+  std::optional<int> num_prompts;      // the first N prompts of the file; else all
   double held_out_fraction = 0.25;
   double target = 0.5;
   int64_t min_samples = 50;
@@ -221,9 +224,15 @@ void run_calibrate(CalibrateArgs a) {
         "its config.json carries none); run with --dry-run to fit and report only",
         dir, dspark::kSpeculaConfigFile);
   }
-  const PromptSet set = read_prompt_set(a.prompt_file);
-  if (set.entries.size() < 2)
-    fail("--prompt-file {}: calibrate needs at least 2 prompts (fit and held-out)", set.path);
+  const FormattedPromptSet prompts =
+      read_formatted_prompt_set(a.prompt_file, a.prompt_format, a.num_prompts);
+  const PromptSet& set = prompts.set;
+  if (set.entries.size() < 2) {
+    fail("--prompt-file {}: calibrate needs at least 2 prompts (fit and held-out){}", set.path,
+         a.num_prompts
+             ? fmt::format("; --num-prompts {} keeps {}", *a.num_prompts, set.entries.size())
+             : "");
+  }
   a.model.no_draft_prune = true;  // samples of every drafted position
   LoadedModels m = load_models(a.model, /*with_draft=*/true, set.needs_tokenizer(), false);
   auto* dsp = dynamic_cast<dspark::DSparkDrafter*>(m.draft_source.get());
@@ -233,8 +242,12 @@ void run_calibrate(CalibrateArgs a) {
   const int gamma = m.dspark->block_size();
   ConfidenceRecorder recorder(*dsp);
 
+  std::optional<ChatOptions> chat;
+  if (prompts.format == PromptFormat::kChat) chat = chat_options(m, /*quiet=*/false);
   const std::vector<std::vector<int32_t>> ids =
-      prompt_ids(set, m.tokenizer ? &*m.tokenizer : nullptr, m.target->config().vocab_size);
+      tokenize_prompt_set(prompts, m.tokenizer ? &*m.tokenizer : nullptr,
+                          m.target->config().vocab_size, chat ? &*chat : nullptr);
+  check_prompts_fit(prompts, ids, a.max_tokens, "--max-tokens", m.target->max_context());
   std::vector<std::vector<int32_t>> fit_prompts, held_prompts;
   for (size_t i = 0; i < ids.size(); ++i)
     (held_out(i, a.held_out_fraction) ? held_prompts : fit_prompts).push_back(ids[i]);
@@ -288,8 +301,12 @@ void register_calibrate(CLI::App& app) {
       ->required();
   cmd->add_option("--prompt-file", args->prompt_file,
                   "Prompts, JSONL: {\"turns\": [\"text\", ...]} (DeepSpec's layout; the first "
-                  "turn, BOS added) or {\"ids\": [token ids]}")
+                  "turn, BOS added, or as --prompt-format says) or {\"ids\": [token ids]}")
       ->required();
+  cmd->add_option("--prompt-format", args->prompt_format, kPromptFormatHelp)->capture_default_str();
+  cmd->add_option("--num-prompts", args->num_prompts,
+                  "Use the first N prompts of the file (default: all), before the fit/held-out "
+                  "split");
   add_model_options(cmd, args->model, /*with_draft=*/false);
   cmd->add_option("--held-out-fraction", args->held_out_fraction,
                   "Share of the prompts held out for evaluation (spread evenly over the file)")

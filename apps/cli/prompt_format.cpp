@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "apps/cli/prompt_set.h"
 #include "engine/core/error.h"
 
 namespace specula::cli {

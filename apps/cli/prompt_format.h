@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// How `specula bench --prompt-file SET.jsonl` turns a prompt set's entries
+// How `specula bench`, `calibrate` and `ab` turn a prompt set's entries
 // (prompt_set.h) into prompt text, per --prompt-format:
 // - text: the first turn as it is (tokenized with BOS, as prompt_set's
 //   prompt_ids and `generate --prompt` do);
@@ -16,13 +16,18 @@
 #include <string>
 #include <string_view>
 
-#include "apps/cli/prompt_set.h"
-
 namespace specula::cli {
+
+struct PromptEntry;  // prompt_set.h
 
 enum class PromptFormat { kText, kChat, kCodeBlock };
 
 inline constexpr char kPromptFormats[] = "text, chat or code-block";
+// --prompt-format's help, the same in every command that reads a prompt set.
+inline constexpr char kPromptFormatHelp[] =
+    "A .jsonl prompt set's first turn as: text (plain, with BOS), chat (a user message in the "
+    "Gemma 4 chat format), or code-block (its first ``` code block, fence lines left out, as a "
+    "completion prompt: HumanEval)";
 
 // "text", "chat" or "code-block"; an Error names --prompt-format and the text otherwise.
 PromptFormat parse_prompt_format(const std::string& name);

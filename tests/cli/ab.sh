@@ -27,6 +27,19 @@ echo "$out" | jq -e '.arms.a.draft == "'"$assistant"'" and .arms.b.draft == "ngr
   .arms.a.prompts == 3 and .arms.b.prompts == 3 and (.verdict == "PASS" or .verdict == "FAIL") and
   (.per_prompt | length == 3) and .arms.a.drafted > 0' >/dev/null || fail "--json: $out"
 
+# --prompt-format code-block and --num-prompts: HumanEval-style turns, the
+# first 2 of 3 (the third has no code block, so reading it would fail).
+cat >"$tmp/code.jsonl" <<'P'
+{"turns": ["Complete the function:\n```python\ndef add(a, b):\n```\n"]}
+{"turns": ["```py\nclass Stack:\n    def __init__(self):\n```"]}
+{"turns": ["no code block here"]}
+P
+out=$("$specula" ab --draft-a "$assistant" --draft-b ngram --prompt-file "$tmp/code.jsonl" \
+  --prompt-format code-block --num-prompts 2 -n 8 --json 2>/dev/null) ||
+  fail "ab --prompt-format code-block exited $?"
+echo "$out" | jq -e '.arms.a.prompts == 2 and .arms.b.prompts == 2 and (.per_prompt | length == 2)' \
+  >/dev/null || fail "code-block --json: $out"
+
 # Drafters made for another target (assistant and DSpark), on id prompts.
 echo '{"ids": [2, 5, 9, 14]}' >"$tmp/ids.jsonl"
 out=$("$specula" ab --model "$src/tests/golden/e2b_like" --draft-a "$src/tests/golden/dense_kev_assistant" \

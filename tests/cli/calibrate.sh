@@ -3,7 +3,8 @@
 # drafter (tests/golden/dspark) over its dense_kev target, on token-id prompts
 # (dense_kev has no tokenizer). Checks that dspark.json gains a calibration
 # with γ thresholds and γ STS temperatures and keeps every other field, that
-# the calibrated drafter loads, that --dry-run writes nothing, and the errors
+# the calibrated drafter loads, that --dry-run writes nothing, that
+# --prompt-format code-block and --num-prompts work on text prompts, and the errors
 # for a DeepSpec-layout folder and a folder that is not DSpark.
 # Usage: calibrate.sh SPECULA_BINARY SOURCE_DIR
 set -uo pipefail
@@ -49,6 +50,28 @@ jq -e '.calibration.samples > 0 and .calibration.target == 0.5' "$json" >/dev/nu
 out=$("$specula" generate --model "$target" --draft "$tmp/drafter" --prompt-ids 3,4,5,6 -n 8 2>&1) ||
   fail "generate with the calibrated drafter exited $?: $out"
 [[ $out == *"calibrated thresholds"* ]] || fail "the calibrated drafter did not load its thresholds: $out"
+
+# --prompt-format code-block and --num-prompts on text prompts: dense_kev with
+# the byte-level test tokenizer cut to its 128 ids (no merges), so that the
+# code blocks' ASCII characters are ids in [0, 128); the first 4 of 5 prompts
+# (the fifth has no code block), split 3 fit / 1 held-out.
+mkdir -p "$tmp/text_target"
+cp "$target/config.json" "$target/model.safetensors" "$tmp/text_target/"
+jq '.model.vocab |= with_entries(select(.value < 128)) | .model.merges = [] |
+  .added_tokens |= map(select(.id < 128))' "$src/tests/golden/tokenizer/bytelevel/tokenizer.json" \
+  >"$tmp/text_target/tokenizer.json"
+cat >"$tmp/code.jsonl" <<'P'
+{"turns": ["Complete the function:\n```python\nx=a+b*2\n```\n"]}
+{"turns": ["Complete this:\n```\nf(x)\n```"]}
+{"turns": ["```py\ny=(x+1)*2\n```"]}
+{"turns": ["Finish:\n```python\nf(a,b)\n```"]}
+{"turns": ["no code block here"]}
+P
+out=$("$specula" calibrate --model "$tmp/text_target" --draft "$tmp/drafter" --prompt-file "$tmp/code.jsonl" \
+  --prompt-format code-block --num-prompts 4 -n 24 --min-samples 5 --dry-run 2>&1) ||
+  fail "calibrate --prompt-format code-block exited $?: $out"
+[[ $out == *"fit on 3 prompts"*"evaluated on 1 held-out prompts"* ]] ||
+  fail "code-block --num-prompts 4: not a 3/1 split: $out"
 
 # Errors: a DeepSpec-layout folder without --dry-run, and a folder that is not DSpark.
 out=$("$specula" calibrate --model "$target" --draft "$src/tests/golden/dspark_deepspec" \

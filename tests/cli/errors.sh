@@ -216,5 +216,33 @@ expect_error bench-set-prompt-too-long \
   "long.jsonl:1: the prompt is 9 tokens (--prompt-format text); with --gen-tokens 4 that is 13 tokens, past the context of 8 tokens" \
   "$specula" bench --model "$fixture" --ctx-size 8 --prompt-file "$tmp/long.jsonl" --gen-tokens 4
 
+
+# calibrate and ab read prompt sets as bench does (read_formatted_prompt_set):
+# the same errors, before any model loads.
+calib=("$specula" calibrate --model "$fixture" --draft "$src/tests/golden/dspark" --dry-run)
+ab=("$specula" ab --model "$fixture" --draft-a ngram --draft-b ngram)
+for cmd in calib ab; do
+  declare -n run=$cmd
+  expect_error "$cmd-set-no-code-block" "set.jsonl:2: --prompt-format code-block: the first turn has no fenced" \
+    "${run[@]}" --prompt-file "$tmp/set.jsonl" --prompt-format code-block
+  expect_error "$cmd-set-ids-code-block" "ids.jsonl:2: an {\"ids\": [...]} prompt has no text" \
+    "${run[@]}" --prompt-file "$tmp/ids.jsonl" --prompt-format code-block
+  expect_error "$cmd-set-ids-chat" "ids.jsonl:2: an {\"ids\": [...]} prompt has no text to format as chat" \
+    "${run[@]}" --prompt-file "$tmp/ids.jsonl" --prompt-format chat
+  expect_error "$cmd-num-prompts-0" "--num-prompts 0: $tmp/set.jsonl holds 3 prompts; give a count in [1, 3]" \
+    "${run[@]}" --prompt-file "$tmp/set.jsonl" --num-prompts 0
+  expect_error "$cmd-num-prompts-past" "--num-prompts 4: $tmp/set.jsonl holds 3 prompts; give a count in [1, 3]" \
+    "${run[@]}" --prompt-file "$tmp/set.jsonl" --num-prompts 4
+  expect_error "$cmd-prompt-format-unknown" "--prompt-format: 'markdown' is not a prompt format" \
+    "${run[@]}" --prompt-file "$tmp/set.jsonl" --prompt-format markdown
+  unset -n run
+done
+# --num-prompts keeps the first N before calibrate's fit/held-out split.
+expect_error calib-num-prompts-1 "calibrate needs at least 2 prompts (fit and held-out); --num-prompts 1 keeps 1" \
+  "${calib[@]}" --prompt-file "$tmp/set.jsonl" --num-prompts 1
+expect_error ab-set-prompt-too-long \
+  "long.jsonl:1: the prompt is 9 tokens (--prompt-format text); with --max-tokens 4 that is 13 tokens, past the context of 8 tokens" \
+  "${ab[@]}" --ctx-size 8 --prompt-file "$tmp/long.jsonl" --max-tokens 4
+
 echo "cli errors: $passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "apps/cli/prompt_format.h"
+#include "apps/cli/prompt_set.h"
 #include "engine/core/error.h"
 
 namespace specula::cli {
