@@ -4,12 +4,12 @@ token streams and training windows.
 """
 
 import json
-import lzma
 import math
 import os
 
 import torch
 
+from corpus_io import read_manifest, read_split
 from family_common import BOS, EOS, LIMIT_ALPHABET, PAD, SPECIAL_TOKENS, VOCAB
 
 
@@ -18,25 +18,10 @@ from family_common import BOS, EOS, LIMIT_ALPHABET, PAD, SPECIAL_TOKENS, VOCAB
 
 def load_corpus(path):
     """{split: [file texts]} from build_corpus.py's output (manifest offsets)."""
-    plain = os.path.join(path, "manifest.json")
-    with (open(plain, encoding="utf-8") if os.path.exists(plain) else
-          lzma.open(plain + ".xz", "rt", encoding="utf-8")) as f:
-        manifest = json.load(f)
+    manifest = read_manifest(path)
     docs = {}
     for split in ("train", "valid", "heldout"):
-        p = os.path.join(path, f"{split}.txt")
-        if os.path.exists(p):
-            with open(p, encoding="utf-8", newline="") as f:
-                text = f.read()
-        elif os.path.exists(p + ".xz"):  # build_corpus.py writes xz so the corpus can travel
-            with lzma.open(p + ".xz", "rt", encoding="utf-8", newline="") as f:
-                text = f.read()
-        else:
-            docs[split] = []
-            continue
-        docs[split] = [text[m["offset"]:m["offset"] + m["chars"]] for m in manifest["files"] if m["split"] == split]
-        paths = [m["path"] for m in manifest["files"] if m["split"] == split]
-        docs[split + "_paths"] = paths
+        docs[split], docs[split + "_paths"] = read_split(path, manifest, split)
     if not docs["valid"]:  # older corpus without valid split: carve every 10th train file
         docs["valid"] = docs["train"][5::10]
         docs["train"] = [d for i, d in enumerate(docs["train"]) if i % 10 != 5]

@@ -16,23 +16,11 @@ Standard library only. The held-out split is never a default: drafters train on 
 
 import argparse
 import json
-import lzma
 import os
 import random
 import sys
 
-
-def split_files(corpus, split):
-    """The texts of the split's files, in manifest order."""
-    plain = os.path.join(corpus, "manifest.json")
-    with (open(plain, encoding="utf-8") if os.path.exists(plain) else
-          lzma.open(plain + ".xz", "rt", encoding="utf-8")) as f:
-        manifest = json.load(f)
-    path = os.path.join(corpus, f"{split}.txt")
-    with (open(path, encoding="utf-8", newline="") if os.path.exists(path) else
-          lzma.open(path + ".xz", "rt", encoding="utf-8", newline="")) as f:
-        text = f.read()
-    return [text[m["offset"]:m["offset"] + m["chars"]] for m in manifest["files"] if m["split"] == split]
+from corpus_io import read_manifest, read_split
 
 
 def main():
@@ -48,7 +36,8 @@ def main():
     if a.count < 1 or not 1 <= a.min_lines <= a.max_lines:
         sys.exit(f"make_regen_prompts: need --count >= 1 and 1 <= --min-lines <= --max-lines "
                  f"(got {a.count}, {a.min_lines}, {a.max_lines})")
-    files = [t.split("\n") for t in split_files(a.corpus, a.split)]
+    texts, _ = read_split(a.corpus, read_manifest(a.corpus), a.split)
+    files = [t.split("\n") for t in texts]
     files = [lines for lines in files if len(lines) >= a.min_lines]
     if not files:
         sys.exit(f"make_regen_prompts: no file of the {a.split} split has {a.min_lines} lines")
