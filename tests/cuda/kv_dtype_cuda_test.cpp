@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/backend/cuda/cuda_backend.h"
 #include "engine/draft/assistant/assistant_drafter.h"
 #include "engine/model/gemma4/gemma4.h"
 #include "engine/ops/backend.h"
@@ -307,13 +308,8 @@ TEST_P(CudaKvDtypeSpeculation, GreedyOutputIdenticalWithAndWithoutDrafter) {
   for (int batch : {1, 3, 8}) {
     auto reqs = greedy_requests(batch, vocab, 24);
     const auto plain = speculative::decode(*target, nullptr, reqs, {});
-    for (int k : {1, 2, 4, 8}) {
-      const auto specd = speculative::decode(*target, &source, reqs, {.draft_tokens = k});
-      for (int b = 0; b < batch; ++b) {
-        ASSERT_EQ(specd[static_cast<size_t>(b)].tokens, plain[static_cast<size_t>(b)].tokens)
-            << "batch " << batch << " k " << k << " row " << b;
-      }
-    }
+    expect_speculation_matches_plain(*target, source, reqs, plain, {1, 2, 4, 8},
+                                     std::string(c.target) + ", bf16 cache");
   }
 }
 
@@ -354,10 +350,25 @@ TEST(CudaKvDtypeEmbedded, DefaultBf16CacheSpeculationMatchesPlainAndTheCpu) {
   EXPECT_LT(err, 5e-3);
   auto reqs = greedy_requests(3, gpu->config().vocab_size, 32);
   const auto plain = speculative::decode(*gpu, nullptr, reqs, {});
-  for (int k : {1, 4, 8}) {
-    const auto specd = speculative::decode(*gpu, &source, reqs, {.draft_tokens = k});
-    for (size_t b = 0; b < reqs.size(); ++b) EXPECT_EQ(specd[b].tokens, plain[b].tokens) << k;
-  }
+  expect_speculation_matches_plain(*gpu, source, reqs, plain, {1, 4, 8}, "embedded");
+}
+
+// Verify windows of B x (k + 1) rows past cuda::kInvariantRows (40 x 9 = 360
+// rows: the products run in two chunks) still give every request plain
+// decoding's tokens. Before the products were chunked, rows past 256 took
+// cuBLASLt, whose bits depend on M: 4 of 64 requests differed at 32 x 9 rows.
+TEST(CudaKvDtypeEmbedded, VerifyWindowsPastInvariantRowsMatchPlain) {
+  SKIP_WITHOUT_CUDA();
+  const std::string dir = std::string(SPECULA_SOURCE_DIR) + "/models/gemma4-tiny-py";
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP();
+  auto gpu = gemma4::Gemma4Model::load(dir, on_cuda());
+  auto drafter = assistant::AssistantModel::load(dir + "-assistant", gpu->config(), gpu->backend());
+  assistant::AssistantDrafter source(*gpu, *drafter);
+  const int batch = 40, k = 8;
+  static_assert(40 * (8 + 1) > cuda::kInvariantRows);
+  const auto reqs = greedy_requests(batch, gpu->config().vocab_size, 40);
+  const auto plain = speculative::decode(*gpu, nullptr, reqs, {});
+  expect_speculation_matches_plain(*gpu, source, reqs, plain, {k}, "embedded, 360-row windows");
 }
 
 }  // namespace

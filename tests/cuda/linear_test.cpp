@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// CudaBackend::linear and ::embedding against the CPU reference: both linear
-// paths (batch-invariant kernel for M <= kInvariantRows, cuBLASLt above), every
-// weight dtype, K tails, misaligned operands, bit-exact batch invariance, and
-// the shape/dtype errors.
+// CudaBackend::linear and ::embedding against the CPU reference: the
+// batch-invariant paths (bf16 weights in chunks of kInvariantRows rows past
+// it; cuBLASLt only in linear_prefill), every weight dtype, K tails,
+// misaligned operands, bit-exact batch invariance at any M, and the
+// shape/dtype errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,19 +24,13 @@ namespace {
 
 // Invariant kernel: f32 accumulation on both sides, only the order differs.
 constexpr float kInvariantTol = 1e-5f;
-// cuBLASLt path: x (and f32/f16 weights) are rounded to bf16 before the product
-// (linear() above kInvariantRows with bf16 weights; linear_prefill).
+// cuBLASLt path (linear_prefill past kPrefillGemmRows): x (and f32/f16
+// weights) are rounded to bf16 before the product.
 constexpr float kLtTol = 1e-2f;
 // Embedding: an exact widening and one f32 multiply on both sides.
 constexpr float kEmbeddingTol = 0.0f;
 
 constexpr DType kWeightDtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
-
-// linear() of f32|f16 weights stays on the invariant kernel at any M (an f32
-// checkpoint is computed in f32); bf16 weights take cuBLASLt above kInvariantRows.
-float linear_tol(int64_t m, DType dtype) {
-  return m <= cuda::kInvariantRows || dtype != DType::kBF16 ? kInvariantTol : kLtTol;
-}
 
 // Fills a host f32 tensor with NaN so that an output element the GPU never writes fails.
 void poison(const HostTensor& t) {
@@ -100,7 +95,7 @@ TEST_P(CudaLinear, MatchesCpu) {
   Twin y = poisoned_output({m, n});
   gpu_be().linear(x.dev, w.dev, y.dev);
   const HostTensor got = y.pull();
-  expect_close(got, want, linear_tol(m, dtype), "linear");
+  expect_close(got, want, kInvariantTol, "linear");
 }
 
 std::string linear_case_name(const ::testing::TestParamInfo<LinearCase>& info) {
@@ -184,9 +179,11 @@ TEST_P(CudaLinearInvariance, RowBitsDoNotDependOnTheBatch) {
   std::vector<std::pair<int64_t, int64_t>> calls = {{1, 0},  {5, 3},     {2, 1},    {8, 7},
                                                     {9, 8},  {16, 13},   {33, 32},  {72, 69},
                                                     {72, 0}, {256, 200}, {256, 255}};
-  // f32|f16 weights stay on the invariant kernel above kInvariantRows too (an
-  // f32 checkpoint's prefill pieces of up to 512 rows, a long prompt's score).
-  if (dtype != DType::kBF16) calls.insert(calls.end(), {{300, 299}, {1024, 517}});
+  // Past kInvariantRows: f32|f16 weights stay on the FMA kernel (an f32
+  // checkpoint's prefill pieces of up to 512 rows, a long prompt's score), bf16
+  // weights run the tensor-core kernels in 256-row chunks (verify windows of
+  // B x (k + 1) rows): the row first, last and inside a later chunk.
+  calls.insert(calls.end(), {{257, 256}, {300, 299}, {600, 300}, {1024, 517}});
   std::vector<float> reference;
   for (const auto& [m, offset] : calls) {
     Twin x(DType::kF32, {m, k});
@@ -689,7 +686,7 @@ TEST_P(CudaLinearMulti, EachOutputHasTheBitsOfLinear) {
             << where << ": output " << i << " (N = " << n << ") differs from linear()";
         HostTensor want(DType::kF32, {m, n});
         cpu_be().linear(x.host, ws[i].host, want);
-        expect_close(got, want, linear_tol(m, dtype), ("linear_multi " + where).c_str());
+        expect_close(got, want, kInvariantTol, ("linear_multi " + where).c_str());
       }
     }
   }
@@ -780,9 +777,7 @@ TEST_P(CudaLinearGeluMul, MatchesLinearLinearGeluMul) {
     cpu_be().linear(x.host, w_gate.host, g_cpu);
     cpu_be().linear(x.host, w_up.host, u_cpu);
     cpu_be().gelu_mul(g_cpu, u_cpu, g_cpu);
-    expect_close(got, g_cpu,
-                 m <= cuda::kInvariantRows || dtype != DType::kBF16 ? kGeluMulTol : kLtTol,
-                 ("linear_gelu_mul " + where).c_str());
+    expect_close(got, g_cpu, kGeluMulTol, ("linear_gelu_mul " + where).c_str());
   }
 }
 
@@ -790,6 +785,53 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaLinearGeluMul,
                          ::testing::Combine(::testing::Values<int64_t>(1, 5, 8, 20, 300),
                                             ::testing::ValuesIn(kWeightDtypes)),
                          multi_case_name);
+
+// Past kInvariantRows rows, bf16 products run in chunks of kInvariantRows rows:
+// every row of linear_multi and linear_gelu_mul at 257, 300 and 600 rows has
+// the bits of the same row alone (a decode call), whichever chunk it is in.
+TEST(CudaLinearRowChunks, FusedProductsKeepEachRowsOneRowBits) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t k = 384, n_q = 96, n_k = 40, n_i = 136;
+  Twin w_q(DType::kBF16, {n_q, k});
+  w_q.randomize(61, -0.5f, 0.5f);
+  Twin w_k(DType::kBF16, {n_k, k});
+  w_k.randomize(62, -0.5f, 0.5f);
+  Twin w_gate(DType::kBF16, {n_i, k});
+  w_gate.randomize(63, -0.5f, 0.5f);
+  Twin w_up(DType::kBF16, {n_i, k});
+  w_up.randomize(64, -0.5f, 0.5f);
+  for (int64_t m : {int64_t{257}, int64_t{300}, int64_t{600}}) {
+    Twin x(DType::kF32, {m, k});
+    x.randomize(static_cast<uint64_t>(700 + m));
+    Twin q = poisoned_output({m, n_q});
+    Twin kk = poisoned_output({m, n_k});
+    const std::vector<LinearOut> outs = {{w_q.dev, q.dev}, {w_k.dev, kk.dev}};
+    gpu_be().linear_multi(x.dev, outs);
+    Twin gate = poisoned_output({m, n_i});
+    Twin up = poisoned_output({m, n_i});
+    gpu_be().linear_gelu_mul(x.dev, w_gate.dev, w_up.dev, gate.dev, up.dev);
+    const HostTensor q_all = q.pull(), k_all = kk.pull(), gate_all = gate.pull();
+    for (int64_t r : {int64_t{0}, int64_t{255}, int64_t{256}, m - 1, m / 2}) {
+      Twin x1(DType::kF32, {1, k});
+      std::memcpy(x1.host.data<float>(), x.host.data<float>() + r * k,
+                  static_cast<size_t>(k) * sizeof(float));
+      x1.push();
+      Twin q1 = poisoned_output({1, n_q});
+      Twin k1 = poisoned_output({1, n_k});
+      gpu_be().linear_multi(x1.dev, std::vector<LinearOut>{{w_q.dev, q1.dev}, {w_k.dev, k1.dev}});
+      Twin g1 = poisoned_output({1, n_i});
+      Twin u1 = poisoned_output({1, n_i});
+      gpu_be().linear_gelu_mul(x1.dev, w_gate.dev, w_up.dev, g1.dev, u1.dev);
+      const std::string where = "row " + std::to_string(r) + " of " + std::to_string(m);
+      EXPECT_TRUE(same_bits(q_all.data<float>() + r * n_q, q1.pull().data<float>(), n_q))
+          << where << ": linear_multi output 0";
+      EXPECT_TRUE(same_bits(k_all.data<float>() + r * n_k, k1.pull().data<float>(), n_k))
+          << where << ": linear_multi output 1";
+      EXPECT_TRUE(same_bits(gate_all.data<float>() + r * n_i, g1.pull().data<float>(), n_i))
+          << where << ": linear_gelu_mul";
+    }
+  }
+}
 
 // The invariant kernels are programmatic dependent launches: each may start
 // while its predecessor runs, so this chain (every product reads the previous

@@ -38,8 +38,13 @@
 //   the cp.async pipeline described at pipe_smem_bytes), so the previous
 //   kernel's tail overlaps them.
 //
-// - bf16 weights with M > kInvariantRows in linear(), and any weights with
-//   M > kPrefillGemmRows in linear_prefill(): cuBLASLt on bf16 copies of the
+//   Past kInvariantRows rows (a verify window of B x (k + 1) rows, say 32 x 9),
+//   linear(), linear_multi() and linear_gelu_mul() run these kernels over
+//   consecutive chunks of kInvariantRows rows: a row's bits stay those of a
+//   1-row call, and the split scratch sized for kInvariantRows rows suffices,
+//   so nothing is allocated.
+//
+// - any weights with M > kPrefillGemmRows in linear_prefill(): cuBLASLt on bf16 copies of the
 //   activations (and of the weights when they are not bf16; cuda_linear_lt.cu), f32 accumulation
 //   (CUBLAS_COMPUTE_32F), f32 output written straight into y. Deterministic for
 //   a given shape (the algorithm is chosen once per shape and cached), but NOT
@@ -709,21 +714,27 @@ void check_linear_args(const CudaBackend& be, const char* op, const char* w_name
   check_no_alias(op, y_name, y, w_name, w);
 }
 
-// Rows above which linear() (and linear_multi, linear_gelu_mul) of weights w
-// take cuBLASLt: kInvariantRows for bf16 weights; never for f32|f16 weights,
-// whose bf16 copy there would lose their precision (see the top of the file).
-int64_t linear_gemm_rows(const Tensor& w) {
-  return w.dtype() == DType::kBF16 ? kInvariantRows : std::numeric_limits<int64_t>::max();
+// linear() never takes cuBLASLt: its bits would depend on M, and a verify
+// window's rows must be those of a single decode row at any size. bf16 weights
+// run the tensor-core kernels in chunks of kInvariantRows rows; f32|f16 weights
+// the FMA kernel at any M (a bf16 copy would lose their precision).
+constexpr int64_t kNeverGemm = std::numeric_limits<int64_t>::max();
+
+// Rows [begin, begin + rows) of an f32 row-major matrix with `cols` columns.
+const float* row_ptr(const Tensor& t, int64_t begin, int64_t cols) {
+  return t.data_as<const float>() + begin * cols;
+}
+float* row_ptr_mut(const Tensor& t, int64_t begin, int64_t cols) {
+  return t.data_as<float>() + begin * cols;
 }
 
 }  // namespace
 
 // y[M, N] = x[M, K] · w[N, K]ᵀ; x, y f32, w f32|bf16|f16, all on this device; y
-// must not overlap x or w. Batch-invariant for M <= kInvariantRows, and at any
-// M for f32|f16 weights (see top).
+// must not overlap x or w. Batch-invariant at any M (see top).
 void CudaBackend::linear(const Tensor& x, const Tensor& w, const Tensor& y) {
   OpTimer timer(*this, "linear");
-  linear_rows_above(x, w, y, linear_gemm_rows(w));
+  linear_rows_above(x, w, y, kNeverGemm);
 }
 
 void CudaBackend::linear_prefill(const Tensor& x, const Tensor& w, const Tensor& y) {
@@ -757,9 +768,12 @@ void CudaBackend::linear_rows_above(const Tensor& x, const Tensor& w, const Tens
   if (m > gemm_rows && linear_lt(*this, x, w, y)) return;
   if (w.dtype() == DType::kBF16) {
     void* ready = take_ready_split(x, m, k);
-    void* x_split = ready != nullptr ? ready : scratch(x_split_, mma_split_bytes(m, k));
-    mma_linear(x.data_as<const float>(), x_split, ready != nullptr, w.data(), y.data_as<float>(), m,
-               n, k, stream_);
+    const int64_t chunk = std::min(m, kInvariantRows);
+    void* x_split = ready != nullptr ? ready : scratch(x_split_, mma_split_bytes(chunk, k));
+    for (int64_t r = 0; r < m; r += chunk) {
+      mma_linear(row_ptr(x, r, k), x_split, ready != nullptr, w.data(), row_ptr_mut(y, r, n),
+                 std::min(chunk, m - r), n, k, stream_);
+    }
     return;
   }
   with_weight_type(w.dtype(), [&](auto tag) {
@@ -802,41 +816,46 @@ void CudaBackend::linear_multi(const Tensor& x, std::span<const LinearOut> outs)
   const int64_t k = x.dim(1);
   const DType dtype = outs[0].w.dtype();
   // Quantized weights run output by output (linear's own kernel).
-  bool fused =
-      m >= 1 && m <= kInvariantRows && k >= 1 && k <= INT_MAX - kChunk && !is_quantized(dtype);
+  bool fused = m >= 1 && k >= 1 && k <= INT_MAX - kChunk && !is_quantized(dtype);
   for (const LinearOut& o : outs) {
     fused = fused && o.w.dtype() == dtype && o.w.dim(0) <= INT_MAX - kWarps * kCols;
   }
-  // bf16 takes the tensor-core kernels, which handle any alignment; the FMA
-  // kernels fuse only 16-byte aligned operands.
+  // bf16 takes the tensor-core kernels, which handle any alignment and, in
+  // chunks of kInvariantRows, any M; the FMA kernels fuse only 16-byte aligned
+  // operands and at most kInvariantRows rows.
   const bool tensor_cores = fused && dtype == DType::kBF16;
+  fused = fused && (tensor_cores || m <= kInvariantRows);
   for (const LinearOut& o : outs) {
     fused = fused && (tensor_cores || vector_path(x.data(), o.w.data(), k, dtype_size(dtype)));
   }
   if (!fused) {
-    for (const LinearOut& o : outs) linear_rows_above(x, o.w, o.y, linear_gemm_rows(o.w));
+    for (const LinearOut& o : outs) linear_rows_above(x, o.w, o.y, kNeverGemm);
     return;
   }
+  const int64_t chunk = std::min(m, kInvariantRows);
   void* ready = tensor_cores ? take_ready_split(x, m, k) : nullptr;
   const bool split_ready = ready != nullptr;
   void* x_split =
-      split_ready ? ready : (tensor_cores ? scratch(x_split_, mma_split_bytes(m, k)) : nullptr);
+      split_ready ? ready : (tensor_cores ? scratch(x_split_, mma_split_bytes(chunk, k)) : nullptr);
   // In slices of kMaxMultiOuts (a launch each) so the hot path never allocates.
   std::array<ProductOut, kMaxMultiOuts> slice;
-  for (size_t first = 0; first < outs.size(); first += slice.size()) {
-    const size_t count = std::min(slice.size(), outs.size() - first);
-    for (size_t i = 0; i < count; ++i) {
-      const LinearOut& o = outs[first + i];
-      slice[i] = {o.w.data(), o.y.data_as<float>(), o.w.dim(0)};
-    }
-    const std::span<const ProductOut> part(slice.data(), count);
-    if (tensor_cores) {
-      mma_linear_multi(x.data_as<const float>(), x_split, split_ready, part, m, k, stream_);
-    } else {
-      with_weight_type(dtype, [&](auto tag) {
-        using T = typename decltype(tag)::type;
-        launch_multi<T>(x.data_as<const float>(), part, m, k, stream_);
-      });
+  for (int64_t r = 0; r < m; r += chunk) {
+    const int64_t rows = std::min(chunk, m - r);
+    for (size_t first = 0; first < outs.size(); first += slice.size()) {
+      const size_t count = std::min(slice.size(), outs.size() - first);
+      for (size_t i = 0; i < count; ++i) {
+        const LinearOut& o = outs[first + i];
+        slice[i] = {o.w.data(), row_ptr_mut(o.y, r, o.w.dim(0)), o.w.dim(0)};
+      }
+      const std::span<const ProductOut> part(slice.data(), count);
+      if (tensor_cores) {
+        mma_linear_multi(row_ptr(x, r, k), x_split, split_ready, part, rows, k, stream_);
+      } else {
+        with_weight_type(dtype, [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          launch_multi<T>(row_ptr(x, r, k), part, rows, k, stream_);
+        });
+      }
     }
   }
 }
@@ -865,20 +884,25 @@ void CudaBackend::linear_gelu_mul(const Tensor& x, const Tensor& w_gate, const T
                      !is_quantized(dtype) &&
                      vector_path(x.data(), w_gate.data(), k, dtype_size(dtype)) &&
                      vector_path(x.data(), w_up.data(), k, dtype_size(dtype));
-  if (m >= 1 && m <= kInvariantRows && n >= 1 && n <= INT_MAX - kWarps * kCols && k >= 1 &&
-      k <= INT_MAX - kChunk && dtype == DType::kBF16 && w_up.dtype() == dtype) {
+  if (m >= 1 && n >= 1 && n <= INT_MAX - kWarps * kCols && k >= 1 && k <= INT_MAX - kChunk &&
+      dtype == DType::kBF16 && w_up.dtype() == dtype) {
     OpTimer timer(*this, kOp);
+    const int64_t chunk = std::min(m, kInvariantRows);
     void* ready = take_ready_split(x, m, k);
-    void* x_split = ready != nullptr ? ready : scratch(x_split_, mma_split_bytes(m, k));
-    // The output is down_proj's x: for a few rows its split is written too
-    // (into the other split buffer, since this product reads x_split).
+    void* x_split = ready != nullptr ? ready : scratch(x_split_, mma_split_bytes(chunk, k));
+    // The output is down_proj's x: for a few rows (one chunk) its split is
+    // written too (into the other split buffer, since this product reads
+    // x_split).
     void* out_split = nullptr;
-    if (m > 1) {
+    if (m > 1 && m <= kInvariantRows) {
       out_split = scratch(x_split_out_, mma_split_bytes(m, n));
       ready_split_ = {gate.data(), m, n, op_seq_, out_split};
     }
-    mma_linear_gelu_mul(x.data_as<const float>(), x_split, ready != nullptr, out_split,
-                        w_gate.data(), w_up.data(), gate.data_as<float>(), m, n, k, stream_);
+    for (int64_t r = 0; r < m; r += chunk) {
+      mma_linear_gelu_mul(row_ptr(x, r, k), x_split, ready != nullptr, out_split, w_gate.data(),
+                          w_up.data(), row_ptr_mut(gate, r, n), std::min(chunk, m - r), n, k,
+                          stream_);
+    }
     return;
   }
   if (!fused) {
