@@ -20,6 +20,7 @@ namespace {
 
 using test::golden;
 using test::have;
+using test::expect_speculation_matches_plain;
 using test::on_cuda;
 
 // Logit tolerances (max |Δ| / max |ref|) against transformers' f32 reference.

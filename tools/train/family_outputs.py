@@ -128,6 +128,9 @@ def train_command(a):
         flags.append(f"--baseline {a['baseline']}")
     if a.get("init_target"):
         flags.append(f"--init-target {a['init_target']}")
+    if a.get("unlikelihood_minutes"):
+        flags.append(f"--unlikelihood-minutes {a['unlikelihood_minutes']} --ul-lr {a['ul_lr']} "
+                     f"--ul-weight {a['ul_weight']} --ul-batch {a['ul_batch']}")
     return ["    python3 tools/train/train_family.py --corpus .carry/corpus --out . --pack-dir $OUT \\",
             "        " + " ".join(flags)]
 
@@ -153,6 +156,20 @@ def baseline_text(res):
             f"Loop check of the previous target: {b['without_triple_line']} of {b['loops']['prompts']} greedy "
             f"continuations without a line repeated three times in a row.",
             ""]
+
+
+def unlikelihood_text(tt):
+    u = tt.get("unlikelihood")
+    if not u:
+        return []
+    first, last = (u["history"][0], u["history"][-1]) if u["history"] else ({}, {})
+    return [f"Then {u['steps']} steps ({u['seconds']:.0f} s) of sequence-level unlikelihood fine-tuning against the "
+            f"model's own greedy loops (`tools/train/family_unlikelihood.py`): each step greedy-continues "
+            f"{u['batch_generated']} training-split prompts by {u['new_tokens']} tokens and penalises, with "
+            f"-log(1 - p), the tokens of {u['rule']}; constant LR {u['lr']}, UL weight {u['weight']}. Its own "
+            f"continuations looped in {first.get('looped_rows', 'n/a')}/{first.get('rows', 'n/a')} at the start and "
+            f"{last.get('looped_rows', 'n/a')}/{last.get('rows', 'n/a')} at the end (per log window); validation "
+            f"CE {tt.get('mle_valid_ce', float('nan')):.3f} before it (bf16 autocast).", ""]
 
 
 def loops_text(loops):
@@ -220,6 +237,7 @@ def model_card(res):
         f"({best_tokens / 1e6:.0f}M tokens, about {best_epochs:.1f} epochs)"
         + ("; later steps only overfitted." if tt['best_step'] < 0.9 * tt['steps'] else "."),
         "",
+        *unlikelihood_text(tt),
         f"**Held-out cross-entropy: {f(t['heldout_ce'])} nats/token** "
         f"({f(t.get('heldout_ce_per_char'))} nats/character) on `heldout.txt` "
         f"({t['heldout_tokens']:,} tokens, fp32 compute from the bf16 weights; validation "

@@ -57,6 +57,7 @@ from family_models import (build_model, check_reload, ensure_tied, eval_ce, load
 from family_drafter import (balanced_kmeans, check_drafter_parity, generate_pool,  # noqa: E402
                             init_drafter, randomised_copy, train_drafter)
 from family_decode import eval_prompts, greedy_decode, loop_check, spec_decode, spec_stats  # noqa: E402
+from family_unlikelihood import train_unlikelihood  # noqa: E402
 from family_outputs import (hf_tokenizer_check, model_card, tokenizer_round_trips,  # noqa: E402
                             write_goldens)
 # Also reached by drafter_only.py through this module (tf.<name>).
@@ -101,6 +102,12 @@ def parse_args():
     ap.add_argument("--eval-new", type=int, default=64)
     ap.add_argument("--loop-prompts", type=int, default=64, help="held-out prompts of the loop check")
     ap.add_argument("--loop-new", type=int, default=96, help="greedy tokens per prompt of the loop check")
+    ap.add_argument("--unlikelihood-minutes", type=float, default=0.0,
+                    help="after the target's MLE training, fine-tune it this long against its own greedy loops "
+                         "(sequence-level unlikelihood on repeated lines: tools/train/family_unlikelihood.py)")
+    ap.add_argument("--ul-lr", type=float, default=3e-4, help="unlikelihood fine-tune: constant LR (20-step warmup)")
+    ap.add_argument("--ul-weight", type=float, default=1.0, help="unlikelihood fine-tune: weight of the UL term")
+    ap.add_argument("--ul-batch", type=int, default=64, help="unlikelihood fine-tune: continuations per step")
     ap.add_argument("--init-target", default="",
                     help="continue training this target folder (its weights and its tokenizer.json; the "
                          "tokenizer is not retrained) instead of starting from random weights")
@@ -118,6 +125,8 @@ def parse_args():
     a = ap.parse_args()
     if a.smoke:
         a.target_minutes = min(a.target_minutes, 10 / 60)
+        a.unlikelihood_minutes = min(a.unlikelihood_minutes, 8 / 60)
+        a.ul_batch = min(a.ul_batch, 8)
         a.drafter_minutes = min(a.drafter_minutes, 16 / 60)
         a.tokenizer_max_chars = min(a.tokenizer_max_chars, 1e6)
         a.val_every = 4.0
@@ -227,13 +236,14 @@ def main():
         run.phase("baseline", time.time() - t, **{k: v for k, v in res["baseline"].items() if k != "loops"})
 
     # ---- budgets: shrink both trainings proportionally if the deadline cannot hold them
-    want_t, want_d = args.target_minutes * 60, args.drafter_minutes * 60
+    want_t, want_u, want_d = args.target_minutes * 60, args.unlikelihood_minutes * 60, args.drafter_minutes * 60
     avail = run.left() - args.post_target_seconds - args.post_drafter_seconds
-    if want_t + want_d > avail:
-        scale = max(avail, 30) / (want_t + want_d)
-        want_t, want_d = want_t * scale, want_d * scale
+    if want_t + want_u + want_d > avail:
+        scale = max(avail, 30) / (want_t + want_u + want_d)
+        want_t, want_u, want_d = want_t * scale, want_u * scale, want_d * scale
         log(f"budget: scaled trainings by {scale:.2f} to fit the deadline")
-    res["budgets"] = dict(target_seconds=round(want_t, 1), drafter_seconds_planned=round(want_d, 1))
+    res["budgets"] = dict(target_seconds=round(want_t, 1), unlikelihood_seconds=round(want_u, 1),
+                          drafter_seconds_planned=round(want_d, 1))
 
     # ---- target
     t = time.time()
@@ -249,6 +259,14 @@ def main():
     n_params_t = sum(p.numel() for p in target.parameters())
     log(f"target params {n_params_t:,}")
     training = train_target(target, streams["train"], val_windows, want_t, args, device)
+    if want_u > 0:
+        training["mle_valid_ce"] = eval_ce(target, val_windows, 32, True)
+        try:
+            training["unlikelihood"] = train_unlikelihood(target, streams["train"], tok, want_u, args, device, EOS)
+        except Exception:  # keep the MLE target (and the run's other outputs) rather than lose the call
+            training["unlikelihood_error"] = traceback.format_exc()
+            log("unlikelihood fine-tune FAILED, continuing with the MLE target:\n" + training["unlikelihood_error"])
+            target.eval().requires_grad_(True)
     target16, files_t = save_model(target, tdir, "target")
     write_tokenizer_files(tdir, tok_obj)
     del target
