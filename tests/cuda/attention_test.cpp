@@ -16,9 +16,14 @@
 
 #include "engine/ops/backend.h"
 #include "tests/cuda/cuda_test_util.h"
+#include "tests/unit/op_test_util.h"
 
 namespace specula::test {
 namespace {
+
+using testing::attention_params;
+using testing::expect_error;
+using testing::last_positions;
 
 // Relative to max |reference|: f32 scores, f32 online softmax over chunks vs
 // the CPU's direct softmax with a double denominator.
@@ -50,19 +55,6 @@ Twin positions_twin(const std::vector<int32_t>& positions) {
   return pos;
 }
 
-AttentionParams params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                       const Tensor& pos, int64_t k_pos0, bool causal, int window, float scale) {
-  return AttentionParams{.q = q,
-                         .k = k,
-                         .v = v,
-                         .out = out,
-                         .q_positions = pos,
-                         .k_pos0 = k_pos0,
-                         .causal = causal,
-                         .window = window,
-                         .scale = scale};
-}
-
 // GPU attention on the twins' device sides; `out` starts as garbage (7s) so a
 // row the kernels forget to write shows up.
 HostTensor gpu_attention(const Twin& q, const Twin& k, const Twin& v, const Twin& pos,
@@ -70,14 +62,16 @@ HostTensor gpu_attention(const Twin& q, const Twin& k, const Twin& v, const Twin
   Twin out(DType::kF32, q.host.shape());
   std::fill(out.host.f32().begin(), out.host.f32().end(), 7.0f);
   out.push();
-  gpu_be().attention(params(q.dev, k.dev, v.dev, out.dev, pos.dev, k_pos0, causal, window, scale));
+  gpu_be().attention(
+      attention_params(q.dev, k.dev, v.dev, out.dev, pos.dev, k_pos0, causal, window, scale));
   return out.pull();
 }
 
 HostTensor cpu_attention(const Twin& q, const Twin& k, const Twin& v, const Twin& pos,
                          int64_t k_pos0, bool causal, int window, float scale) {
   HostTensor out(DType::kF32, q.host.shape());
-  cpu_be().attention(params(q.host, k.host, v.host, out, pos.host, k_pos0, causal, window, scale));
+  cpu_be().attention(
+      attention_params(q.host, k.host, v.host, out, pos.host, k_pos0, causal, window, scale));
   return out;
 }
 
@@ -89,30 +83,13 @@ HostTensor check_case(const Case& c) {
   q.randomize(c.seed);
   k.randomize(c.seed + 1);
   v.randomize(c.seed + 2);
-  std::vector<int32_t> positions = c.positions;
-  if (positions.empty()) {
-    for (int64_t i = 0; i < c.s; ++i) {
-      positions.push_back(static_cast<int32_t>(c.k_pos0 + c.t - c.s + i));
-    }
-  }
-  const Twin pos = positions_twin(positions);
+  const Twin pos =
+      positions_twin(c.positions.empty() ? last_positions(c.s, c.t, c.k_pos0) : c.positions);
   const float scale = c.scale != 0.0f ? c.scale : 1.0f / std::sqrt(static_cast<float>(c.d));
   HostTensor got = gpu_attention(q, k, v, pos, c.k_pos0, c.causal, c.window, scale);
   const HostTensor want = cpu_attention(q, k, v, pos, c.k_pos0, c.causal, c.window, scale);
   expect_close(got, want, kAttentionTol, c.label().c_str());
   return got;
-}
-
-template <typename F>
-void expect_error(F f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an Error mentioning " << parts.front();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts)
-      EXPECT_NE(msg.find(p), std::string::npos) << p << " not in: " << msg;
-  }
 }
 
 TEST(CudaAttention, DecodeMatchesCpuOverHeadDimsGroupsAndWindows) {
@@ -284,14 +261,12 @@ TEST(CudaAttention, UnalignedInputsGiveTheSameBits) {
   const Tensor q1 = shifted(q, qb);
   const Tensor k1 = shifted(k, kb);
   const Tensor v1 = shifted(v, vb);
-  std::vector<int32_t> positions;
-  for (int64_t i = 0; i < s; ++i) positions.push_back(static_cast<int32_t>(k_pos0 + t - s + i));
-  const Twin pos = positions_twin(positions);
+  const Twin pos = positions_twin(last_positions(s, t, k_pos0));
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   for (int window : {0, 40}) {
     const HostTensor aligned = gpu_attention(q, k, v, pos, k_pos0, true, window, scale);
     Twin out(DType::kF32, {s, h, d});
-    gpu_be().attention(params(q1, k1, v1, out.dev, pos.dev, k_pos0, true, window, scale));
+    gpu_be().attention(attention_params(q1, k1, v1, out.dev, pos.dev, k_pos0, true, window, scale));
     const HostTensor unaligned = out.pull();
     const HostTensor want = cpu_attention(q, k, v, pos, k_pos0, true, window, scale);
     expect_close(unaligned, want, kAttentionTol, "unaligned q, k, v");
@@ -441,9 +416,9 @@ TEST(CudaAttention, ScratchIsAllocatedOnceAcrossGrowingKeyRanges) {
   const Twin pos = positions_twin({10, 11, 12, 13, 14, 15, 16, 17, 18});
   auto run = [&](int64_t t, int64_t s) {
     Tensor pos_s = pos.dev.slice_rows(0, s);
-    gpu_be().attention(params(q.dev.slice_rows(0, s), k.dev.slice_rows(0, t),
-                              v.dev.slice_rows(0, t), out.dev.slice_rows(0, s), pos_s, 0, true, 0,
-                              1.0f));
+    gpu_be().attention(attention_params(q.dev.slice_rows(0, s), k.dev.slice_rows(0, t),
+                                        v.dev.slice_rows(0, t), out.dev.slice_rows(0, s), pos_s, 0,
+                                        true, 0, 1.0f));
   };
   run(20, 9);
   gpu_be().synchronize();
@@ -481,21 +456,19 @@ TEST(CudaAttention, RingLayoutEqualsContiguousKeys) {
       }
       rk.push();
       rv.push();
-      std::vector<int32_t> positions;
-      for (int64_t i = 0; i < s; ++i) positions.push_back(static_cast<int32_t>(k_pos0 + t - s + i));
-      const Twin pos = positions_twin(positions);
+      const Twin pos = positions_twin(last_positions(s, t, k_pos0));
       const HostTensor contiguous_gpu = gpu_attention(q, k, v, pos, k_pos0, true, window, 1.0f);
       const HostTensor contiguous_cpu = cpu_attention(q, k, v, pos, k_pos0, true, window, 1.0f);
 
       Twin out(DType::kF32, {s, n_heads, d});
       AttentionParams ap =
-          params(q.dev, rk.dev, rv.dev, out.dev, pos.dev, k_pos0, true, window, 1.0f);
+          attention_params(q.dev, rk.dev, rv.dev, out.dev, pos.dev, k_pos0, true, window, 1.0f);
       ap.ring_keys = t;
       gpu_be().attention(ap);
       const HostTensor ring_gpu = out.pull();
       HostTensor ring_cpu(DType::kF32, {s, n_heads, d});
-      AttentionParams cp =
-          params(q.host, rk.host, rv.host, ring_cpu, pos.host, k_pos0, true, window, 1.0f);
+      AttentionParams cp = attention_params(q.host, rk.host, rv.host, ring_cpu, pos.host, k_pos0,
+                                            true, window, 1.0f);
       cp.ring_keys = t;
       cpu_be().attention(cp);
       const size_t bytes = static_cast<size_t>(s * n_heads * d) * sizeof(float);
@@ -517,7 +490,8 @@ TEST(CudaAttention, PositionsBoundGivesTheSameBits) {
   auto run = [&](const Twin& q, const Tensor& k, const Tensor& v, const Twin& pos, int64_t k_pos0,
                  int64_t ring_keys, int window, int64_t bound) {
     Twin out(DType::kF32, q.host.shape());
-    AttentionParams ap = params(q.dev, k, v, out.dev, pos.dev, k_pos0, true, window, 1.0f);
+    AttentionParams ap =
+        attention_params(q.dev, k, v, out.dev, pos.dev, k_pos0, true, window, 1.0f);
     ap.ring_keys = ring_keys;
     ap.positions_bound = bound;
     gpu_be().attention(ap);
@@ -526,8 +500,7 @@ TEST(CudaAttention, PositionsBoundGivesTheSameBits) {
   for (int64_t s : {int64_t{1}, int64_t{5}, int64_t{17}}) {
     for (int64_t last : {int64_t{31}, int64_t{32}, int64_t{200}, int64_t{511}}) {
       const std::string what = fmt::format("s {} last position {}", s, last);
-      std::vector<int32_t> positions;
-      for (int64_t i = 0; i < s; ++i) positions.push_back(static_cast<int32_t>(last - s + 1 + i));
+      const std::vector<int32_t> positions = last_positions(s, last + 1);
       if (positions[0] < 0) continue;
       const Twin pos = positions_twin(positions);
       Twin q(DType::kF32, {s, n_heads, d});
@@ -586,15 +559,13 @@ TEST(CudaAttention, FastPrefillMatchesCpu) {
     q.randomize(21);
     k.randomize(22);
     v.randomize(23);
-    std::vector<int32_t> positions;
-    for (int64_t i = 0; i < c.s; ++i)
-      positions.push_back(static_cast<int32_t>(c.k_pos0 + c.t - c.s + i));
+    std::vector<int32_t> positions = last_positions(c.s, c.t, c.k_pos0);
     if (c.window > 0) positions[0] = static_cast<int32_t>(c.k_pos0 - c.window - 5);  // sees nothing
     const Twin pos = positions_twin(positions);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
     Twin out(DType::kF32, {c.s, c.heads, c.d});
     AttentionParams ap =
-        params(q.dev, k.dev, v.dev, out.dev, pos.dev, c.k_pos0, true, c.window, scale);
+        attention_params(q.dev, k.dev, v.dev, out.dev, pos.dev, c.k_pos0, true, c.window, scale);
     ap.allow_fast_prefill = true;
     gpu_be().attention(ap);
     const HostTensor got = out.pull();
@@ -615,7 +586,7 @@ TEST(CudaAttention, RejectsBadArguments) {
   const Twin pos = positions_twin({8, 9});
   auto attend = [&](const Tensor& qq, const Tensor& kk, const Tensor& vv, const Tensor& oo,
                     const Tensor& pp, int window = 0) {
-    gpu_be().attention(params(qq, kk, vv, oo, pp, 0, true, window, 1.0f));
+    gpu_be().attention(attention_params(qq, kk, vv, oo, pp, 0, true, window, 1.0f));
   };
   // Mismatched head dimension.
   Twin k32(DType::kF32, {10, 2, 32}), v32(DType::kF32, {10, 2, 32});

@@ -13,6 +13,7 @@
 namespace specula {
 namespace {
 
+using testing::attention_params;
 using testing::clone;
 using testing::CpuBackendTest;
 using testing::expect_bitwise_equal;
@@ -133,15 +134,7 @@ TEST_F(CpuBackendTest, AttentionMatchesReferenceOverMasksWindowsAndGroups) {
         // Verification-style positions: the last S of the T cached keys
         // (absolute 10..14), plus one query earlier in the sequence.
         HostTensor pos = make_i32({s}, {10, 11, 12, 14, 6});
-        AttentionParams p{.q = q,
-                          .k = k,
-                          .v = v,
-                          .out = out,
-                          .q_positions = pos,
-                          .k_pos0 = k_pos0,
-                          .causal = causal,
-                          .window = window,
-                          .scale = 1.0f};
+        const AttentionParams p = attention_params(q, k, v, out, pos, k_pos0, causal, window, 1.0f);
         be_.attention(p);
         expect_close(out, attention_ref(p),
                      fmt::format("attention causal={} window={} group={}", causal, window, group));
@@ -155,15 +148,7 @@ TEST_F(CpuBackendTest, AttentionAppliesScaleAndGivesZerosForQueriesThatSeeNothin
   HostTensor out = make_float(DType::kF32, {3, 4, 8}, std::vector<float>(96, 9.0f));
   // Position 2 precedes every key (k_pos0 = 3): causally it sees nothing.
   HostTensor pos = make_i32({3}, {2, 5, 8});
-  AttentionParams p{.q = q,
-                    .k = k,
-                    .v = v,
-                    .out = out,
-                    .q_positions = pos,
-                    .k_pos0 = 3,
-                    .causal = true,
-                    .window = 0,
-                    .scale = 0.125f};
+  AttentionParams p = attention_params(q, k, v, out, pos, 3, true, 0, 0.125f);
   be_.attention(p);
   for (int64_t c = 0; c < 4 * 8; ++c) EXPECT_EQ(out.f32()[c], 0.0f) << c;
   expect_close(out, attention_ref(p), "attention scale 0.125");

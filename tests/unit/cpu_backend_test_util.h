@@ -2,7 +2,8 @@
 // Shared by the CPU backend tests (cpu_backend_test.cpp,
 // cpu_backend_attention_test.cpp, cpu_backend_elementwise_test.cpp): exact
 // decodes and builders of host tensors, the tolerance check, and the
-// CpuBackendTest fixture (a CPU backend and a seeded generator).
+// CpuBackendTest fixture (a CPU backend and a seeded generator); with
+// op_test_util.h (expect_error, attention inputs), which the CUDA tests share.
 //
 // Tolerance: an f32 result passes when |got - ref| <= 1e-5 · (|ref| + rms(ref)),
 // i.e. 1e-5 relative, with the tensor's RMS as the floor so elements that cancel
@@ -24,6 +25,7 @@
 
 #include "engine/backend/backends.h"
 #include "engine/core/buffer.h"
+#include "tests/unit/op_test_util.h"
 
 namespace specula::testing {
 
@@ -111,19 +113,6 @@ inline void expect_bitwise_equal(const float* a, const float* b, int64_t n,
                                  const std::string& what) {
   for (int64_t i = 0; i < n; ++i) {
     ASSERT_EQ(a[i], b[i]) << what << " differs at element " << i;
-  }
-}
-
-// Runs `f`, expects an Error whose message contains every string in `parts`.
-template <typename F>
-inline void expect_error(F f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "expected an Error mentioning " << parts.front();
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const auto& p : parts)
-      EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
   }
 }
 
