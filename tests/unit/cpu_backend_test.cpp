@@ -21,15 +21,7 @@
 namespace specula {
 namespace {
 
-using testing::CpuBackendTest;
-using testing::expect_bitwise_equal;
-using testing::expect_close;
-using testing::expect_error;
-using testing::gelu_ref;
-using testing::make_float;
-using testing::make_i32;
-using testing::same_bits;
-using testing::to_double;
+using namespace testing;  // the helpers of cpu_backend_test_util.h and op_test_util.h
 
 // ---- Kernels and registry ----
 

@@ -4,6 +4,8 @@
 // decodes and builders of host tensors, the tolerance check, and the
 // CpuBackendTest fixture (a CPU backend and a seeded generator); with
 // op_test_util.h (expect_error, attention inputs), which the CUDA tests share.
+// Each test file opens its anonymous namespace with `using namespace testing;`
+// (specula::testing, the unit tests' helper namespace).
 //
 // Tolerance: an f32 result passes when |got - ref| <= 1e-5 · (|ref| + rms(ref)),
 // i.e. 1e-5 relative, with the tensor's RMS as the floor so elements that cancel
