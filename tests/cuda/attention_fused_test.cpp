@@ -62,9 +62,11 @@ struct Inputs {
   std::unique_ptr<Twin> q, k, v, q_norm, k_norm, freq, pos, cache_k, cache_v;
 };
 
-std::unique_ptr<Twin> copy_of(const Twin& t) {
-  auto c = std::make_unique<Twin>(t.host.dtype(), t.host.shape());
-  std::memcpy(c->host.view().data(), t.host.view().data(), t.host.view().nbytes());
+// A new twin holding a copy of `host` (a host tensor or a view of one: same
+// dtype, shape and bytes), already pushed.
+std::unique_ptr<Twin> twin_of(const Tensor& host) {
+  auto c = std::make_unique<Twin>(host.dtype(), host.shape());
+  std::memcpy(c->host.view().data(), host.data(), host.nbytes());
   c->push();
   return c;
 }
@@ -114,33 +116,55 @@ Inputs make_inputs(const FusedCase& c, uint64_t seed) {
   return in;
 }
 
-// The two op parameter sets of a case over the given tensors (device or host).
+// What one run writes: q (attention_inputs finishes it in place), k and v
+// (absent for q only), the caches, and out (7s before the run, so that a row
+// nobody writes shows up).
+struct Outputs {
+  std::unique_ptr<Twin> q, k, v, cache_k, cache_v, out;
+};
+
+Outputs fresh_outputs(const FusedCase& c, const Inputs& t) {
+  Outputs o;
+  o.q = twin_of(t.q->host);
+  if (t.k) {
+    o.k = twin_of(t.k->host);
+    o.v = twin_of(t.v->host);
+  }
+  o.cache_k = twin_of(t.cache_k->host);
+  o.cache_v = twin_of(t.cache_v->host);
+  o.out = std::make_unique<Twin>(DType::kF32, Shape{c.s, c.heads, c.d});
+  for (int64_t i = 0; i < o.out->host.view().numel(); ++i) o.out->host.data<float>()[i] = 7.0f;
+  o.out->push();
+  return o;
+}
+
+// The two op parameter sets of a case: its inputs `t` and one run's outputs
+// `o`, on the device or the host side of the twins.
 struct Call {
   AttentionInputsParams in;
   AttentionParams ap;
 };
 
-Call make_call(const FusedCase& c, const Inputs& t, const Twin& q, const Twin* k, const Twin* v,
-               const Twin& cache_k, const Twin& cache_v, const Twin& out, bool on_device) {
+Call make_call(const FusedCase& c, const Inputs& t, const Outputs& o, bool on_device) {
   auto pick = [&](const Twin& x) { return on_device ? x.dev : Tensor(x.host); };
   Call call;
   AttentionInputsParams& in = call.in;
-  in.q = pick(q);
+  in.q = pick(*o.q);
   in.q_norm = pick(*t.q_norm);
   in.positions = pick(*t.pos);
   in.inv_freq = pick(*t.freq);
   in.eps = 1e-6f;
   if (c.kv != Kv::kQOnly) {
-    in.k = pick(*k);
+    in.k = pick(*o.k);
     in.k_norm = pick(*t.k_norm);
-    in.v = pick(*v);
+    in.v = pick(*o.v);
     in.v_from_k = c.kv == Kv::kVFromK;
-    in.cache_k = pick(cache_k);
-    in.cache_v = pick(cache_v);
+    in.cache_k = pick(*o.cache_k);
+    in.cache_v = pick(*o.cache_v);
   }
   AttentionParams& ap = call.ap;
   ap.q = in.q;
-  ap.out = pick(out);
+  ap.out = pick(*o.out);
   ap.q_positions = in.positions;
   ap.causal = true;
   ap.scale = 1.0f;
@@ -148,36 +172,23 @@ Call make_call(const FusedCase& c, const Inputs& t, const Twin& q, const Twin* k
   ap.positions_bound = positions_bound_for(c.last + 1);
   if (c.ring) {
     const int64_t from = std::max<int64_t>(0, pos0 - kWindow + 1);
-    ap.k = pick(cache_k);
-    ap.v = pick(cache_v);
+    ap.k = pick(*o.cache_k);
+    ap.v = pick(*o.cache_v);
     ap.k_pos0 = from;
     ap.ring_keys = c.last + 1 - from;
     ap.window = kWindow;
   } else {
-    ap.k = pick(cache_k).slice_rows(0, c.last + 1);
-    ap.v = pick(cache_v).slice_rows(0, c.last + 1);
+    ap.k = pick(*o.cache_k).slice_rows(0, c.last + 1);
+    ap.v = pick(*o.cache_v).slice_rows(0, c.last + 1);
   }
   return call;
 }
 
-// What one run writes: out and the caches.
-struct Outputs {
-  std::unique_ptr<Twin> q, k, v, cache_k, cache_v, out;
-};
-
-Outputs fresh_outputs(const FusedCase& c, const Inputs& t) {
-  Outputs o;
-  o.q = copy_of(*t.q);
-  if (t.k) {
-    o.k = copy_of(*t.k);
-    o.v = copy_of(*t.v);
-  }
-  o.cache_k = copy_of(*t.cache_k);
-  o.cache_v = copy_of(*t.cache_v);
-  o.out = std::make_unique<Twin>(DType::kF32, Shape{c.s, c.heads, c.d});
-  for (int64_t i = 0; i < o.out->host.view().numel(); ++i) o.out->host.data<float>()[i] = 7.0f;
-  o.out->push();
-  return o;
+// The fused kernel (or the composition it falls back to) on the device, over
+// the case's inputs `t`, writing `o`.
+void run_fused(const FusedCase& c, const Inputs& t, const Outputs& o) {
+  const Call call = make_call(c, t, o, true);
+  gpu_be().attention_with_inputs(call.in, call.ap);
 }
 
 // f32 or bf16 tensors, element by element (the first differing one is named).
@@ -223,15 +234,11 @@ bool check(const FusedCase& c, uint64_t seed = 1) {
   Outputs fused = fresh_outputs(c, t);
   Outputs composed = fresh_outputs(c, t);
   Outputs cpu = fresh_outputs(c, t);
-  const Call f = make_call(c, t, *fused.q, fused.k.get(), fused.v.get(), *fused.cache_k,
-                           *fused.cache_v, *fused.out, true);
-  gpu_be().attention_with_inputs(f.in, f.ap);
-  const Call g = make_call(c, t, *composed.q, composed.k.get(), composed.v.get(), *composed.cache_k,
-                           *composed.cache_v, *composed.out, true);
+  run_fused(c, t, fused);
+  const Call g = make_call(c, t, composed, true);
   gpu_be().attention_inputs(g.in);
   gpu_be().attention(g.ap);
-  const Call h = make_call(c, t, *cpu.q, cpu.k.get(), cpu.v.get(), *cpu.cache_k, *cpu.cache_v,
-                           *cpu.out, false);
+  const Call h = make_call(c, t, cpu, false);
   cpu_be().attention_with_inputs(h.in, h.ap);
 
   const bool bf16 = c.cache_dtype == DType::kBF16;
@@ -482,17 +489,10 @@ TEST(CudaAttentionFused, Bf16CacheEqualsF32CacheOfTheRoundedValues) {
       Outputs b = fresh_outputs(c, t);
       Outputs f = fresh_outputs(c, t);
       // f: the same cache widened to f32.
-      for (std::unique_ptr<Twin> Outputs::*which : {&Outputs::cache_k, &Outputs::cache_v}) {
-        auto w = std::make_unique<Twin>(DType::kF32, (f.*which)->host.shape());
-        const HostTensor wide = as_f32((f.*which)->host);
-        std::memcpy(w->host.view().data(), wide.view().data(), wide.view().nbytes());
-        w->push();
-        f.*which = std::move(w);
-      }
-      const Call cb = make_call(c, t, *b.q, nullptr, nullptr, *b.cache_k, *b.cache_v, *b.out, true);
-      gpu_be().attention_with_inputs(cb.in, cb.ap);
-      const Call cf = make_call(c, t, *f.q, nullptr, nullptr, *f.cache_k, *f.cache_v, *f.out, true);
-      gpu_be().attention_with_inputs(cf.in, cf.ap);
+      f.cache_k = twin_of(as_f32(f.cache_k->host));
+      f.cache_v = twin_of(as_f32(f.cache_v->host));
+      run_fused(c, t, b);
+      run_fused(c, t, f);
       expect_same_bytes(b.out->pull(), f.out->pull(), "out: bf16 cache vs f32 of its values");
       // Both took the fused kernel (q left as it was).
       const HostTensor qb = b.q->pull(), qf = f.q->pull();
@@ -520,32 +520,23 @@ TEST(CudaAttentionFused, Bf16CacheDecodeEqualsVerifyWindow) {
     SCOPED_TRACE(w.label());
     const Inputs t = make_inputs(w, 5);
     Outputs win = fresh_outputs(w, t);
-    const Call cw = make_call(w, t, *win.q, win.k.get(), win.v.get(), *win.cache_k, *win.cache_v,
-                              *win.out, true);
-    gpu_be().attention_with_inputs(cw.in, cw.ap);
+    run_fused(w, t, win);
     const HostTensor all = win.out->pull();
     const HostTensor cache_k = win.cache_k->pull(), cache_v = win.cache_v->pull();
-    const int64_t row = w.heads * w.d, kv_row = w.kv_heads * w.d;
+    const int64_t row = w.heads * w.d;
     for (int64_t i = 0; i < w.s; ++i) {
       FusedCase d = w;
       d.s = 1;
       d.last = w.last - w.s + 1 + i;
       // Query i's raw inputs, over the cache the window left.
       Inputs ti = make_inputs(d, 5);
-      std::memcpy(ti.q->host.data<float>(), t.q->host.data<float>() + i * row, row * 4);
-      std::memcpy(ti.k->host.data<float>(), t.k->host.data<float>() + i * kv_row, kv_row * 4);
-      std::memcpy(ti.v->host.data<float>(), t.v->host.data<float>() + i * kv_row, kv_row * 4);
-      ti.q->push();
-      ti.k->push();
-      ti.v->push();
-      std::memcpy(ti.cache_k->host.view().data(), cache_k.view().data(), cache_k.view().nbytes());
-      ti.cache_k->push();
-      std::memcpy(ti.cache_v->host.view().data(), cache_v.view().data(), cache_v.view().nbytes());
-      ti.cache_v->push();
+      ti.q = twin_of(t.q->host.view().slice_rows(i, i + 1));
+      ti.k = twin_of(t.k->host.view().slice_rows(i, i + 1));
+      ti.v = twin_of(t.v->host.view().slice_rows(i, i + 1));
+      ti.cache_k = twin_of(cache_k);
+      ti.cache_v = twin_of(cache_v);
       Outputs one = fresh_outputs(d, ti);
-      const Call c1 = make_call(d, ti, *one.q, one.k.get(), one.v.get(), *one.cache_k, *one.cache_v,
-                                *one.out, true);
-      gpu_be().attention_with_inputs(c1.in, c1.ap);
+      run_fused(d, ti, one);
       const HostTensor got = one.out->pull();
       EXPECT_EQ(std::memcmp(got.view().data(), all.data<float>() + i * row, row * 4), 0)
           << "query " << i;
