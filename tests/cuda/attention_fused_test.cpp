@@ -15,6 +15,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -274,47 +275,98 @@ bool check(const FusedCase& c, uint64_t seed = 1) {
          0;
 }
 
-TEST(CudaAttentionFused, DecodeAndVerifyWindowsOverRings) {
-  SKIP_WITHOUT_CUDA();
-  // Positions: the first token, both sides of chunk edges, past the window
-  // (the ring wraps: 64 rows), and deep into it.
+// Decode steps (S 1) and verify windows (S 5) over rings ending at each of
+// `lasts` (skipping windows that would start before position 0), each kind of
+// v, with caches of `cache_dtype`: each must take the fused kernel.
+void expect_fused_over_rings(std::initializer_list<int64_t> lasts, DType cache_dtype) {
   for (int64_t s : {1, 5}) {
-    for (int64_t last : {0, 4, 31, 32, 33, 63, 64, 100, 511}) {
+    for (int64_t last : lasts) {
       if (last - s + 1 < 0) continue;
       for (Kv kv : {Kv::kSeparateV, Kv::kVFromK, Kv::kQOnly}) {
-        EXPECT_TRUE(check({.s = s, .last = last, .ring = true, .kv = kv}))
+        EXPECT_TRUE(
+            check({.s = s, .last = last, .ring = true, .kv = kv, .cache_dtype = cache_dtype}))
             << "took the composition: S " << s << " last " << last;
       }
     }
   }
 }
 
+// Full caches up to `last`: 31B's full-attention shape (D 512, 4 queries per
+// kv head... here 8, v from k), E2B's (D 256, 8/1, a verify window of 4 ending
+// at last + 3, f32 norms) and a KV-shared D 512 layer.
+std::vector<FusedCase> wide_head_cases(int64_t last, DType cache_dtype) {
+  return {{.s = 1,
+           .heads = 16,
+           .kv_heads = 2,
+           .d = 512,
+           .last = last,
+           .ring = false,
+           .kv = Kv::kVFromK,
+           .cache_dtype = cache_dtype},
+          {.s = 4,
+           .heads = 8,
+           .kv_heads = 1,
+           .d = 256,
+           .last = last + 3,
+           .ring = false,
+           .kv = Kv::kSeparateV,
+           .norm_dtype = DType::kF32,
+           .cache_dtype = cache_dtype},
+          {.s = 1,
+           .heads = 8,
+           .kv_heads = 1,
+           .d = 512,
+           .last = last,
+           .ring = false,
+           .kv = Kv::kQOnly,
+           .cache_dtype = cache_dtype}};
+}
+
+// 31B's full-attention verify window: 5 queries in groups of 8 (40 pairs,
+// several pair tiles), v from k, a full cache up to `last`.
+FusedCase pair_tiles_case(int64_t last, DType cache_dtype) {
+  return {.s = 5,
+          .heads = 16,
+          .kv_heads = 2,
+          .d = 512,
+          .last = last,
+          .ring = false,
+          .kv = Kv::kVFromK,
+          .cache_dtype = cache_dtype};
+}
+
+// kv heads of the late-V-rows cases: enough blocks that the grid needs three
+// an SM (see LateValueRowsOfVerifyWindows).
+constexpr int64_t kLateKv = 128;
+
+// 31B's sliding verify window (5 queries of groups of 2) over kLateKv kv
+// heads, ending at `last`: over a ring, and over a full cache of 128 rows.
+std::vector<FusedCase> late_v_cases(int64_t last, Kv kv, DType cache_dtype) {
+  const FusedCase ring{.s = 5,
+                       .heads = 2 * kLateKv,
+                       .kv_heads = kLateKv,
+                       .last = last,
+                       .kv = kv,
+                       .cache_dtype = cache_dtype};
+  FusedCase full = ring;
+  full.ring = false;
+  full.full_rows = 128;
+  return {ring, full};
+}
+
+TEST(CudaAttentionFused, DecodeAndVerifyWindowsOverRings) {
+  SKIP_WITHOUT_CUDA();
+  // Positions: the first token, both sides of chunk edges, past the window
+  // (the ring wraps: 64 rows), and deep into it.
+  expect_fused_over_rings({0, 4, 31, 32, 33, 63, 64, 100, 511}, DType::kF32);
+}
+
 TEST(CudaAttentionFused, FullCachesWideHeadsAndGroupsOfEight) {
   SKIP_WITHOUT_CUDA();
   for (int64_t last : {0, 31, 32, 200, 600}) {
-    // 31B's full-attention shape (D 512, 4 queries per kv head... here 8), E2B's (D 256, 8/1).
-    EXPECT_TRUE(check({.s = 1,
-                       .heads = 16,
-                       .kv_heads = 2,
-                       .d = 512,
-                       .last = last,
-                       .ring = false,
-                       .kv = Kv::kVFromK}));
-    EXPECT_TRUE(check({.s = 4,
-                       .heads = 8,
-                       .kv_heads = 1,
-                       .d = 256,
-                       .last = last + 3,
-                       .ring = false,
-                       .kv = Kv::kSeparateV,
-                       .norm_dtype = DType::kF32}));
-    EXPECT_TRUE(check({.s = 1,
-                       .heads = 8,
-                       .kv_heads = 1,
-                       .d = 512,
-                       .last = last,
-                       .ring = false,
-                       .kv = Kv::kQOnly}));
+    for (const FusedCase& c : wide_head_cases(last, DType::kF32)) {
+      EXPECT_TRUE(check(c)) << c.label();
+    }
   }
 }
 
@@ -333,13 +385,7 @@ TEST(CudaAttentionFused, SmallHeadDims) {
 TEST(CudaAttentionFused, WindowsOfSeveralPairTiles) {
   SKIP_WITHOUT_CUDA();
   for (int64_t last : {4, 33, 35, 100}) {
-    EXPECT_TRUE(check({.s = 5,
-                       .heads = 16,
-                       .kv_heads = 2,
-                       .d = 512,
-                       .last = last,
-                       .ring = false,
-                       .kv = Kv::kVFromK}));
+    EXPECT_TRUE(check(pair_tiles_case(last, DType::kF32))) << "last " << last;
     EXPECT_TRUE(check({.s = 5, .heads = 8, .kv_heads = 1, .d = 256, .last = last, .ring = true}));
     EXPECT_TRUE(check({.s = 5,
                        .heads = 8,
@@ -362,32 +408,26 @@ TEST(CudaAttentionFused, WindowsOfSeveralPairTiles) {
 // 16) and of a chunk edge, rings that wrap and full caches, each kind of v.
 TEST(CudaAttentionFused, LateValueRowsOfVerifyWindows) {
   SKIP_WITHOUT_CUDA();
-  constexpr int64_t kKv = 128;
-  ASSERT_EQ(cuda::attention_fused_late_v_rows(256, 10, 3 * kKv), 20)
+  ASSERT_EQ(cuda::attention_fused_late_v_rows(256, 10, 3 * kLateKv), 20)
       << "the cases below would not take the late rows on this GPU";
-  EXPECT_EQ(cuda::attention_fused_late_v_rows(256, 9, 3 * kKv), 20);
-  EXPECT_EQ(cuda::attention_fused_late_v_rows(256, 16, 3 * kKv), 16);
+  EXPECT_EQ(cuda::attention_fused_late_v_rows(256, 9, 3 * kLateKv), 20);
+  EXPECT_EQ(cuda::attention_fused_late_v_rows(256, 16, 3 * kLateKv), 16);
   EXPECT_EQ(cuda::attention_fused_late_v_rows(256, 10, 32), 32) << "a grid of one wave";
   EXPECT_EQ(cuda::attention_fused_late_v_rows(256, 2, 4096), 32) << "decode blocks fit three";
   EXPECT_EQ(cuda::attention_fused_late_v_rows(512, 10, 4096), 32) << "one an SM either way";
   for (int64_t last : {84, 87, 95, 96, 100}) {
     for (Kv kv : {Kv::kSeparateV, Kv::kVFromK, Kv::kQOnly}) {
-      EXPECT_TRUE(check({.s = 5, .heads = 2 * kKv, .kv_heads = kKv, .last = last, .kv = kv}));
-      EXPECT_TRUE(check({.s = 5,
-                         .heads = 2 * kKv,
-                         .kv_heads = kKv,
-                         .last = last,
-                         .ring = false,
-                         .full_rows = 128,
-                         .kv = kv}));
+      for (const FusedCase& c : late_v_cases(last, kv, DType::kF32)) {
+        EXPECT_TRUE(check(c)) << c.label();
+      }
     }
     EXPECT_TRUE(check({.s = 3,
-                       .heads = 3 * kKv,
-                       .kv_heads = kKv,
+                       .heads = 3 * kLateKv,
+                       .kv_heads = kLateKv,
                        .last = last,
                        .ring = false,
                        .full_rows = 128}));
-    EXPECT_TRUE(check({.s = 8, .heads = 2 * kKv, .kv_heads = kKv, .last = last}));
+    EXPECT_TRUE(check({.s = 8, .heads = 2 * kLateKv, .kv_heads = kLateKv, .last = last}));
   }
   // A long full cache: 16 chunks of 32 kv heads.
   EXPECT_TRUE(check({.s = 5, .heads = 64, .kv_heads = 32, .last = 511, .ring = false}));
@@ -399,72 +439,23 @@ TEST(CudaAttentionFused, LateValueRowsOfVerifyWindows) {
 TEST(CudaAttentionFused, Bf16CachesTakeTheFusedKernel) {
   SKIP_WITHOUT_CUDA();
   constexpr DType kB = DType::kBF16;
-  for (int64_t s : {1, 5}) {
-    for (int64_t last : {0, 31, 33, 64, 100, 511}) {
-      if (last - s + 1 < 0) continue;
-      for (Kv kv : {Kv::kSeparateV, Kv::kVFromK, Kv::kQOnly}) {
-        EXPECT_TRUE(check({.s = s, .last = last, .ring = true, .kv = kv, .cache_dtype = kB}))
-            << "took the composition: S " << s << " last " << last;
-      }
-    }
-  }
+  expect_fused_over_rings({0, 31, 33, 64, 100, 511}, kB);
   for (int64_t last : {0, 32, 200, 600}) {
-    EXPECT_TRUE(check({.s = 1,
-                       .heads = 16,
-                       .kv_heads = 2,
-                       .d = 512,
-                       .last = last,
-                       .ring = false,
-                       .kv = Kv::kVFromK,
-                       .cache_dtype = kB}));
-    EXPECT_TRUE(check({.s = 4,
-                       .heads = 8,
-                       .kv_heads = 1,
-                       .d = 256,
-                       .last = last + 3,
-                       .ring = false,
-                       .kv = Kv::kSeparateV,
-                       .norm_dtype = DType::kF32,
-                       .cache_dtype = kB}));
-    EXPECT_TRUE(check({.s = 1,
-                       .heads = 8,
-                       .kv_heads = 1,
-                       .d = 512,
-                       .last = last,
-                       .ring = false,
-                       .kv = Kv::kQOnly,
-                       .cache_dtype = kB}));
+    for (const FusedCase& c : wide_head_cases(last, kB)) EXPECT_TRUE(check(c)) << c.label();
   }
   for (int64_t d : {64, 128}) {
     EXPECT_TRUE(check(
         {.s = 5, .heads = 4, .kv_heads = 2, .d = d, .last = 70, .ring = true, .cache_dtype = kB}));
   }
   // Several pair tiles (31B's full-attention verify window: 40 pairs).
-  EXPECT_TRUE(check({.s = 5,
-                     .heads = 16,
-                     .kv_heads = 2,
-                     .d = 512,
-                     .last = 35,
-                     .ring = false,
-                     .kv = Kv::kVFromK,
-                     .cache_dtype = kB}));
+  EXPECT_TRUE(check(pair_tiles_case(35, kB)));
   EXPECT_TRUE(check(
       {.s = 17, .heads = 8, .kv_heads = 4, .d = 256, .last = 90, .ring = true, .cache_dtype = kB}));
   // Late V rows (see LateValueRowsOfVerifyWindows), each kind of v.
-  constexpr int64_t kKv = 128;
-  ASSERT_EQ(cuda::attention_fused_late_v_rows(256, 10, 3 * kKv), 20);
+  ASSERT_EQ(cuda::attention_fused_late_v_rows(256, 10, 3 * kLateKv), 20);
   for (int64_t last : {87, 96}) {
     for (Kv kv : {Kv::kSeparateV, Kv::kVFromK, Kv::kQOnly}) {
-      EXPECT_TRUE(check(
-          {.s = 5, .heads = 2 * kKv, .kv_heads = kKv, .last = last, .kv = kv, .cache_dtype = kB}));
-      EXPECT_TRUE(check({.s = 5,
-                         .heads = 2 * kKv,
-                         .kv_heads = kKv,
-                         .last = last,
-                         .ring = false,
-                         .full_rows = 128,
-                         .kv = kv,
-                         .cache_dtype = kB}));
+      for (const FusedCase& c : late_v_cases(last, kv, kB)) EXPECT_TRUE(check(c)) << c.label();
     }
   }
 }
