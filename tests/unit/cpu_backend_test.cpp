@@ -412,39 +412,21 @@ TEST_F(CpuBackendTest, MoeExpertsTokenResultsDoNotDependOnBatch) {
 TEST_F(CpuBackendTest, MoeExpertsRejectsBadExpertIdsAndShapes) {
   HostTensor x = random({2, 4}), w = random({2, 2}), out(DType::kF32, {2, 4});
   HostTensor gate_up = random({3, 6, 4}), down = random({3, 4, 3});
+  // moe_experts over x, w and gate_up with the given ids, down and out.
+  const auto moe = [&](const Tensor& ids, const Tensor& down_w, const Tensor& out_t) {
+    be_.moe_experts({.x = x,
+                     .expert_ids = ids,
+                     .expert_weights = w,
+                     .gate_up = gate_up,
+                     .down = down_w,
+                     .out = out_t});
+  };
   HostTensor bad_ids = make_i32({2, 2}, {0, 1, 2, 3});
-  expect_error(
-      [&] {
-        be_.moe_experts({.x = x,
-                         .expert_ids = bad_ids,
-                         .expert_weights = w,
-                         .gate_up = gate_up,
-                         .down = down,
-                         .out = out});
-      },
-      {"moe_experts", "expert id 3", "[0, 3)"});
+  expect_error([&] { moe(bad_ids, down, out); }, {"moe_experts", "expert id 3", "[0, 3)"});
   HostTensor ids = make_i32({2, 2}, {0, 1, 2, 0});
   HostTensor down_bad = random({3, 4, 2});
-  expect_error(
-      [&] {
-        be_.moe_experts({.x = x,
-                         .expert_ids = ids,
-                         .expert_weights = w,
-                         .gate_up = gate_up,
-                         .down = down_bad,
-                         .out = out});
-      },
-      {"moe_experts", "f32[3, 4, 2]", "f32[3, 6, 4]"});
-  expect_error(
-      [&] {
-        be_.moe_experts({.x = x,
-                         .expert_ids = ids,
-                         .expert_weights = w,
-                         .gate_up = gate_up,
-                         .down = down,
-                         .out = x});
-      },
-      {"moe_experts", "overlaps"});
+  expect_error([&] { moe(ids, down_bad, out); }, {"moe_experts", "f32[3, 4, 2]", "f32[3, 6, 4]"});
+  expect_error([&] { moe(ids, down, x); }, {"moe_experts", "overlaps"});
 }
 
 // ---- copy ----
