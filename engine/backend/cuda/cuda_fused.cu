@@ -414,10 +414,6 @@ __global__ void __launch_bounds__(kThreads) attention_inputs_kernel(AttnInputsAr
   }
 }
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
 }  // namespace
 
 // Row i (KV·D floats) of k and v f32 [n, KV, D] goes to row positions[i] mod R
