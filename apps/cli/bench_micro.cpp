@@ -73,12 +73,12 @@ double matrix_peak(Backend& be, int64_t s) {
 // row: every layer reads its cache (a KV-shared layer re-reads its donor's),
 // sliding layers min(window, len) rows, full layers len rows; K and V of
 // `elem` bytes an element (the cache's dtype).
-int64_t kv_bytes_read(const gemma4::Gemma4Config& c, int64_t len, int64_t elem) {
+int64_t kv_bytes_read(const gemma4::Gemma4Config& c, int64_t len, DType dtype) {
   int64_t bytes = 0;
   for (const gemma4::LayerSpec& l : c.layers) {
     const int64_t rows =
         l.type == gemma4::LayerType::kSliding ? std::min<int64_t>(c.sliding_window, len) : len;
-    bytes += rows * l.n_kv_heads * l.head_dim * elem * 2;
+    bytes += rows * l.n_kv_heads * kv_head_row_bytes(dtype, l.head_dim) * 2;  // fp8: + scales
   }
   return bytes;
 }
@@ -285,8 +285,7 @@ struct MicroRunner {
       const double t = step_time(seqs, 1, false);
       const int64_t wbytes = model.weight_bytes_read(B);
       const int64_t kvbytes =
-          int64_t{B} * kv_bytes_read(c, int64_t{a.context} + 1,
-                                     static_cast<int64_t>(dtype_size(model.kv_spec().dtype)));
+          int64_t{B} * kv_bytes_read(c, int64_t{a.context} + 1, model.kv_spec().dtype);
       const double bps = static_cast<double>(wbytes + kvbytes) / t;
       const double fraction = bps / copy_bps;
       if (B == 1) b1_fraction = fraction;

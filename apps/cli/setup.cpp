@@ -61,7 +61,8 @@ std::optional<DType> parse_kv_dtype(const std::string& text) {
   if (text == "auto") return std::nullopt;
   if (text == "f32") return DType::kF32;
   if (text == "bf16") return DType::kBF16;
-  fail("--kv-dtype: '{}' is not a KV cache dtype (expected auto, f32 or bf16)", text);
+  if (text == "fp8") return DType::kF8E4M3;
+  fail("--kv-dtype: '{}' is not a KV cache dtype (expected auto, f32, bf16 or fp8)", text);
 }
 
 KvCapacity kv_capacity(const gemma4::Gemma4Model& target) {
@@ -72,8 +73,7 @@ KvCapacity kv_capacity(const gemma4::Gemma4Model& target) {
   KvCacheSpec rings = spec;
   for (KvLayerSpec& l : rings.layers) {
     if (l.owns_cache && l.window == 0) {
-      k.bytes_per_token +=
-          2 * int64_t{l.n_kv_heads} * l.head_dim * static_cast<int64_t>(dtype_size(spec.dtype));
+      k.bytes_per_token += 2 * int64_t{l.n_kv_heads} * kv_head_row_bytes(spec.dtype, l.head_dim);
       l.owns_cache = false;
     }
   }
@@ -133,9 +133,10 @@ void add_model_options(CLI::App* cmd, ModelArgs& args, bool with_draft) {
       ->capture_default_str();
   cmd->add_option("--kv-dtype,--kv-cache-dtype", args.kv_dtype,
                   "KV cache element type: auto (bf16 for a checkpoint whose product weights are "
-                  "all bf16, f32 otherwise), f32 or bf16 (half the memory: twice the tokens fit; "
+                  "all bf16, f32 otherwise), f32, bf16 (half the memory: twice the tokens fit; "
                   "keys and values are rounded to bf16 as they are stored, attention still "
-                  "computes in f32)")
+                  "computes in f32) or fp8 (e4m3 with one f32 scale per token and kv head: "
+                  "about a quarter of f32's memory; lossy, attention dequantizes to f32)")
       ->capture_default_str();
   cmd->add_flag("--no-weight-scan", args.no_weight_scan,
                 "Skip the load-time check that every weight is finite (no NaN or inf); it reads "

@@ -42,13 +42,14 @@ struct ModelArgs {
   std::string device = "cpu";     // cpu, cuda or cuda:N
   bool no_weight_scan = false;    // skip the load-time NaN/inf scan of the weights
   bool cuda_profile = false;      // per-op time table on stderr at exit (Backend::set_op_profile)
-  std::string kv_dtype = "auto";  // --kv-dtype: auto, f32 or bf16 (parse_kv_dtype)
+  std::string kv_dtype = "auto";  // --kv-dtype: auto, f32, bf16 or fp8 (parse_kv_dtype)
 };
 
 // "cpu", "cuda" (= cuda:0) or "cuda:N"; an Error names the flag and the text otherwise.
 Device parse_device(const std::string& text);
 // --kv-dtype: "auto" (nullopt: the checkpoint's rule, gemma4::LoadOptions::kv_dtype),
-// "f32" or "bf16"; an Error names the flag and the text otherwise.
+// "f32", "bf16" or "fp8" (f8e4m3 with per-(token, head) scales); an Error names the
+// flag and the text otherwise.
 std::optional<DType> parse_kv_dtype(const std::string& text);
 // The target's KV cache: its dtype, bytes a token (full layers, which grow
 // with the context) and a sequence (sliding rings, fixed), and how many tokens

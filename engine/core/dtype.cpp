@@ -125,4 +125,14 @@ uint8_t f32_to_e4m3(float f) {
   return static_cast<uint8_t>(sign | (biased << 3) | mantissa);
 }
 
+void kv_e4m3_quantize_row(const float* x, int64_t n, uint8_t* q, float* scale) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isfinite(x[i])) amax = std::max(amax, std::fabs(x[i]));
+  }
+  const float s = kv_e4m3_scale(amax);
+  for (int64_t i = 0; i < n; ++i) q[i] = kv_e4m3_encode(x[i], s);
+  *scale = s;
+}
+
 }  // namespace specula

@@ -89,6 +89,35 @@ inline float e4m3_to_f32(uint8_t v) {
 }
 uint8_t f32_to_e4m3(float f);
 
+// fp8 KV cache rows (KvCacheSpec::dtype == kF8E4M3): each cached (token, kv
+// head) vector of head_dim values is stored as e4m3 codes plus one f32 scale,
+// and element i stands for e4m3_to_f32(q[i]) · scale (one f32 product), the
+// convention of quantized weights. Every backend quantizes with these rules,
+// in f32, so that stores are bit-equal across backends:
+// - scale = amax / 448 (an IEEE f32 division, rounded to nearest), amax the
+//   largest |x| over the row's finite elements; 1 when that quotient is not a
+//   positive number (amax 0, or so small that amax / 448 underflows to 0), so
+//   that a row of zeros stores zeros;
+// - q[i] = f32_to_e4m3(x[i] / scale) (an IEEE f32 division, then round to
+//   nearest even; finite values past ±448 saturate to ±448);
+// - non-finite elements (NaN, ±inf) store the e4m3 NaN of their sign (0x7f /
+//   0xff): e4m3fn has no infinity, and a cache must not turn an overflow into a
+//   plausible finite key. They are left out of amax so that one bad element
+//   does not flush its finite neighbours to zero.
+inline float kv_e4m3_scale(float amax) {
+  const float scale = amax / 448.0f;
+  return scale > 0.0f ? scale : 1.0f;
+}
+inline uint8_t kv_e4m3_encode(float x, float scale) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  if ((bits & 0x7f800000u) == 0x7f800000u)
+    return static_cast<uint8_t>(((bits >> 24) & 0x80u) | 0x7f);
+  return f32_to_e4m3(x / scale);
+}
+// Quantizes one row of n values into q[n] and *scale by the rules above.
+void kv_e4m3_quantize_row(const float* x, int64_t n, uint8_t* q, float* scale);
+
 }  // namespace specula
 
 template <>

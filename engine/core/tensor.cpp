@@ -9,7 +9,8 @@ Tensor Tensor::reshape(Shape shape) const {
          numel(), shape.numel());
   }
   Tensor out(data_, dtype_, shape, device_);
-  if (scales_ != nullptr && rank() > 0 && shape.rank() > 0 && shape[0] == shape_[0])
+  if (scales_ != nullptr && rank() > 0 && shape.rank() > 0 &&
+      shape[shape.rank() - 1] == shape_[rank() - 1])
     out.scales_ = scales_;
   return out;
 }
@@ -21,9 +22,15 @@ Tensor Tensor::with_scales(const float* scales) const {
   return out;
 }
 
+int64_t Tensor::scale_count() const {
+  if (rank() == 0) return 0;
+  const int64_t last = shape_[rank() - 1];
+  return last == 0 ? 0 : numel() / last;
+}
+
 Tensor Tensor::scales() const {
   if (scales_ == nullptr || rank() == 0) return Tensor();
-  return Tensor(const_cast<float*>(scales_), DType::kF32, Shape{shape_[0]}, device_);
+  return Tensor(const_cast<float*>(scales_), DType::kF32, Shape{scale_count()}, device_);
 }
 
 Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
@@ -35,7 +42,11 @@ Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
   const size_t row_bytes = shape_[0] == 0 ? 0 : nbytes() / static_cast<size_t>(shape_[0]);
   Tensor out(static_cast<char*>(data_) + static_cast<size_t>(begin) * row_bytes, dtype_, s,
              device_);
-  if (scales_ != nullptr) out.scales_ = scales_ + begin;
+  if (scales_ != nullptr) {
+    // Scales per row of the last dimension: rows of dim 0 hold numel / (dim 0 · last) each.
+    const int64_t per_row = shape_[0] == 0 ? 0 : scale_count() / shape_[0];
+    out.scales_ = scales_ + begin * per_row;
+  }
   return out;
 }
 
@@ -61,7 +72,8 @@ std::string Tensor::describe() const {
 }
 
 float host_scalar(const Tensor& t, const std::string& what) {
-  if (t.numel() != 1 || !t.device().is_cpu()) fail("{} must be one host value, got {}", what, t.describe());
+  if (t.numel() != 1 || !t.device().is_cpu())
+    fail("{} must be one host value, got {}", what, t.describe());
   switch (t.dtype()) {
     case DType::kF32:
       return *t.data_as<const float>();

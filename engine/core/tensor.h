@@ -35,16 +35,21 @@ class Tensor {
   int64_t numel() const { return shape_.numel(); }
   size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
 
-  // Quantized matrices (is_quantized(dtype): i8, f8e4m3 [R, C]) carry their
-  // per-row scales: f32 [R] on the same device, owned with the data. Element
-  // [r, c] stands for decode(q[r, c]) · scales[r]. Views of other dtypes have none.
+  // Quantized tensors (is_quantized(dtype): i8, f8e4m3) carry one f32 scale
+  // per row of their last dimension, on the same device, owned with the data:
+  // numel / dim(rank - 1) scales in row-major order. A matrix [R, C] has
+  // scales [R] and element [r, c] stands for decode(q[r, c]) · scales[r]; an
+  // fp8 KV cache [T, KV, D] has scales [T · KV], one per (token, kv head).
+  // Views of other dtypes have none.
   Tensor with_scales(const float* scales) const;
   const float* scale_data() const { return scales_; }
-  // The scales as a view, f32 [dim(0)] (empty when there are none).
+  // The scales as a view, f32 [numel / dim(rank - 1)] (empty when there are none).
   Tensor scales() const;
+  // How many scales a quantized view of this shape has: numel / dim(rank - 1).
+  int64_t scale_count() const;
 
   // Same memory, another shape with the same element count. A quantized view
-  // keeps its scales only when its rows stay the same (dim 0 unchanged).
+  // keeps its scales only when its rows stay the same (last dimension unchanged).
   Tensor reshape(Shape shape) const;
   // Rows [begin, end) along dimension 0 (with their scales, when quantized).
   Tensor slice_rows(int64_t begin, int64_t end) const;
@@ -63,7 +68,7 @@ class Tensor {
   DType dtype_ = DType::kF32;
   Shape shape_;
   Device device_;
-  const float* scales_ = nullptr;  // quantized dtypes only: f32 [dim(0)]
+  const float* scales_ = nullptr;  // quantized dtypes only: f32 [scale_count()]
 };
 
 // The value of a one-element float tensor in host memory (f32, bf16 or f16),

@@ -13,12 +13,16 @@ int64_t capacity_of(const KvCacheSpec& spec, const KvLayerSpec& l) {
 }
 }  // namespace
 
+int64_t kv_head_row_bytes(DType dtype, int64_t head_dim) {
+  const int64_t scale = dtype == DType::kF8E4M3 ? int64_t{sizeof(float)} : 0;
+  return head_dim * static_cast<int64_t>(dtype_size(dtype)) + scale;
+}
+
 int64_t kv_bytes_per_sequence(const KvCacheSpec& spec) {
   int64_t bytes = 0;
   for (const KvLayerSpec& l : spec.layers) {
     if (!l.owns_cache) continue;
-    bytes += 2 * capacity_of(spec, l) * l.n_kv_heads * l.head_dim *
-             static_cast<int64_t>(dtype_size(spec.dtype));
+    bytes += 2 * capacity_of(spec, l) * l.n_kv_heads * kv_head_row_bytes(spec.dtype, l.head_dim);
   }
   return bytes;
 }
@@ -26,8 +30,9 @@ int64_t kv_bytes_per_sequence(const KvCacheSpec& spec) {
 SequenceKv::SequenceKv(const KvCacheSpec& spec) : spec_(spec) {
   SPECULA_CHECK(spec.max_context > 0, "max_context must be positive, got {}", spec.max_context);
   SPECULA_CHECK(spec.max_rollback >= 0, "max_rollback must be >= 0, got {}", spec.max_rollback);
-  SPECULA_CHECK(spec.dtype == DType::kF32 || spec.dtype == DType::kBF16,
-                "KV cache dtype must be f32 or bf16, got {}", dtype_name(spec.dtype));
+  SPECULA_CHECK(
+      spec.dtype == DType::kF32 || spec.dtype == DType::kBF16 || spec.dtype == DType::kF8E4M3,
+      "KV cache dtype must be f32, bf16 or f8e4m3, got {}", dtype_name(spec.dtype));
   backend_ = spec.backend ? spec.backend : &backend_for(Device::cpu());
   MemoryResource& memory = spec.memory ? *spec.memory : *backend_;
   stores_.resize(spec.layers.size());
@@ -42,6 +47,14 @@ SequenceKv::SequenceKv(const KvCacheSpec& spec) : spec_(spec) {
     s.v_buf = DeviceBuffer(memory, bytes);
     s.k = s.k_buf.view(spec.dtype, shape);
     s.v = s.v_buf.view(spec.dtype, shape);
+    if (spec.dtype == DType::kF8E4M3) {
+      // One f32 scale per (row, kv head), carried by the views (Tensor::scales).
+      const size_t scale_bytes = static_cast<size_t>(s.capacity * l.n_kv_heads) * sizeof(float);
+      s.k_scale_buf = DeviceBuffer(memory, scale_bytes);
+      s.v_scale_buf = DeviceBuffer(memory, scale_bytes);
+      s.k = s.k.with_scales(static_cast<const float*>(s.k_scale_buf.data()));
+      s.v = s.v.with_scales(static_cast<const float*>(s.v_scale_buf.data()));
+    }
   }
 }
 

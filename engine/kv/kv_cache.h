@@ -35,7 +35,11 @@ struct KvCacheSpec {
   int max_rollback = 16;            // ring slack for speculative rollback
   // Element type of the stored keys and values: f32, or bf16 (half the bytes;
   // rows written in f32 are rounded to nearest even on the way in, and
-  // attention widens them back to f32 exactly). Every view below has it.
+  // attention widens them back to f32 exactly), or f8e4m3 (a quarter of the
+  // bytes plus one f32 scale per (token, kv head) vector of head_dim values,
+  // quantized by the rules of kv_e4m3_quantize_row in engine/core/dtype.h;
+  // attention dequantizes to f32). Every view below has it, fp8 views with
+  // their scales (Tensor::scales, [rows · KV]) attached.
   DType dtype = DType::kF32;
   // Where the cache lives: copies go through `backend` (null: the CPU backend)
   // and memory comes from `memory` (null: the backend itself), typically the
@@ -44,8 +48,13 @@ struct KvCacheSpec {
   MemoryResource* memory = nullptr;
 };
 
+// Bytes one cached (token, kv head) vector of head_dim values takes at `dtype`:
+// head_dim elements, plus its f32 scale for f8e4m3.
+int64_t kv_head_row_bytes(DType dtype, int64_t head_dim);
+
 // Bytes one sequence's cache takes: K and V of every cache-owning layer at
-// spec.dtype (sliding layers: their ring of window + max_rollback rows).
+// spec.dtype, scales included (sliding layers: their ring of window +
+// max_rollback rows).
 int64_t kv_bytes_per_sequence(const KvCacheSpec& spec);
 
 class SequenceKv {
@@ -102,7 +111,8 @@ class SequenceKv {
  private:
   struct LayerStore {
     DeviceBuffer k_buf, v_buf;
-    Tensor k;  // [capacity, kv, D] of spec_.dtype over k_buf
+    DeviceBuffer k_scale_buf, v_scale_buf;  // f8e4m3 only: f32 [capacity · kv]
+    Tensor k;  // [capacity, kv, D] of spec_.dtype over k_buf (with its scales)
     Tensor v;
     int64_t capacity = 0;
     int64_t written_end = 0;    // one past the newest position written
@@ -112,7 +122,7 @@ class SequenceKv {
   LayerStore& store(int layer);
 
   // Copies rows [from, from + n) of `src` into rows [to, to + n) of `dst`,
-  // converting to dst's dtype.
+  // converting to dst's dtype (fp8 rows with their scales).
   void copy_rows(const Tensor& src, int64_t from, const Tensor& dst, int64_t to, int64_t n) const;
 
   KvCacheSpec spec_;

@@ -29,7 +29,8 @@ namespace specula {
 // keys whose absolute positions are k_pos0 .. k_pos0 + T - 1.
 struct AttentionParams {
   Tensor q;            // f32 [S, n_heads, D]
-  Tensor k;            // f32|bf16 [T, n_kv_heads, D] (a KV cache's dtype; read as f32)
+  Tensor k;            // f32|bf16|f8e4m3 [T, n_kv_heads, D] (a KV cache's dtype; read as f32;
+                       // fp8 carries its scales, one per (row, kv head): Tensor::scales)
   Tensor v;            // [T, n_kv_heads, D], the dtype of k
   Tensor out;          // f32 [S, n_heads, D]; must not alias q, k or v
   Tensor q_positions;  // i32 [S]: absolute position of each query
@@ -93,7 +94,7 @@ struct AttentionInputsParams {
   Tensor positions;  // i32 [M]
   Tensor inv_freq;   // f32 [D/2]
   float eps = 1e-6f;
-  Tensor cache_k;  // optional f32|bf16 [R, KV, D] (rows rounded as store_kv does)
+  Tensor cache_k;  // optional f32|bf16|f8e4m3 [R, KV, D] (rows rounded as store_kv does)
   Tensor cache_v;  // [R, KV, D] of cache_k's dtype when cache_k is set
 };
 
@@ -350,8 +351,10 @@ class Backend : public MemoryResource {
     attention(p);
   }
   // Cache store by device positions: row i of k and v f32 [n, KV, D] goes to row
-  // positions[i] mod R of cache_k / cache_v f32|bf16 [R, KV, D] (one dtype; bf16
-  // rounds to nearest even, as convert does); positions i32 [n] >= 0 and
+  // positions[i] mod R of cache_k / cache_v f32|bf16|f8e4m3 [R, KV, D] (one
+  // dtype; bf16 rounds to nearest even, as convert does; fp8 quantizes each
+  // (row, kv head) vector with its scale by kv_e4m3_quantize_row's rules,
+  // engine/core/dtype.h); positions i32 [n] >= 0 and
   // pairwise distinct mod R. Reading positions on the device (not a host offset)
   // is what lets a recorded step write each step's rows where they belong.
   virtual void store_kv(const Tensor& k, const Tensor& v, const Tensor& positions,
@@ -413,7 +416,10 @@ class Backend : public MemoryResource {
   virtual void copy(const Tensor& src, const Tensor& dst) = 0;
   // dst = src converted element by element, same shape on this device: f32 to
   // bf16 rounds to nearest even (NaN stays NaN; f32_to_bf16, the one rule for a
-  // KV cache's rows on every backend), bf16 to f32 is exact, equal dtypes copy.
+  // KV cache's rows on every backend), bf16 to f32 is exact; f32 to f8e4m3
+  // quantizes each row of the last dimension into dst's scales
+  // (kv_e4m3_quantize_row), f8e4m3 to f32 dequantizes (e4m3 value · scale);
+  // equal dtypes copy (f8e4m3: the scales too).
   // No aliasing unless src is dst.
   virtual void convert(const Tensor& src, const Tensor& dst) = 0;
   // out[i, ...] = src[idx[i], ...]: whole rows (dim 0) gathered by index. src

@@ -13,7 +13,8 @@
 namespace specula::ops {
 
 void check_dtype(const char* op, const char* name, const Tensor& t, DType dtype);
-// A KV cache tensor: f32 or bf16 (what SequenceKv stores), else an Error naming it.
+// A KV cache tensor: f32, bf16, or f8e4m3 carrying its scales (what SequenceKv
+// stores), else an Error naming it.
 void check_kv_dtype(const char* op, const char* name, const Tensor& t);
 // f32, bf16 or f16.
 void check_float(const char* op, const char* name, const Tensor& t);

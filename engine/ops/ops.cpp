@@ -368,8 +368,15 @@ void check_exact_alias(const char* op, const char* out_name, const Tensor& out, 
 }
 
 void check_kv_dtype(const char* op, const char* name, const Tensor& t) {
+  if (t.dtype() == DType::kF8E4M3) {
+    if (t.scale_data() == nullptr) {
+      fail("{}: {} {} is an fp8 KV cache without its per-(token, head) scales", op, name,
+           t.describe());
+    }
+    return;
+  }
   if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16) {
-    fail("{}: {} {} must be f32 or bf16 (a KV cache dtype)", op, name, t.describe());
+    fail("{}: {} {} must be f32, bf16 or f8e4m3 (a KV cache dtype)", op, name, t.describe());
   }
 }
 

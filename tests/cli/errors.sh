@@ -29,10 +29,29 @@ expect_error prompt-too-long "context size of 8" "$specula" generate --model "$f
 expect_error bad-device "'tpu'" "$specula" generate --model "$fixture" --device tpu --prompt-ids 1,2
 expect_error cuda-profile-on-cpu "--cuda-profile: needs --device cuda" "$specula" generate \
   --model "$fixture" --cuda-profile --prompt-ids 1,2
-expect_error bad-kv-dtype "--kv-dtype: 'fp16' is not a KV cache dtype (expected auto, f32 or bf16)" \
+expect_error bad-kv-dtype "--kv-dtype: 'fp16' is not a KV cache dtype (expected auto, f32, bf16 or fp8)" \
   "$specula" generate --model "$fixture" --kv-dtype fp16 --prompt-ids 1,2
 expect_error bad-kv-cache-dtype "--kv-dtype: 'int4' is not a KV cache dtype" "$specula" generate \
   --model "$fixture" --kv-cache-dtype int4 --prompt-ids 1,2
+expect_error bad-kv-dtype-score "--kv-dtype: 'e4m3' is not a KV cache dtype" "$specula" score \
+  --model "$fixture" --kv-dtype e4m3 --prompt-ids 1,2 --out "$tmp/never.safetensors"
+# fp8 is a KV cache dtype every --kv-dtype verb takes (not an error), and the
+# capacity line counts its bytes: (1 byte + a 4-byte scale per head_dim values).
+fp8_out=$("$specula" generate --model "$fixture" --kv-dtype fp8 --prompt-ids 1,2 --max-tokens 3 --no-draft 2>&1 </dev/null)
+if [[ $? -eq 0 && $fp8_out == *"KV cache: f8e4m3"* ]]; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1))
+  echo "FAIL kv-dtype-fp8: expected success and a 'KV cache: f8e4m3' line; got: $fp8_out"
+fi
+for verb in generate score bench chat; do
+  if "$specula" "$verb" --help 2>&1 | tr -s ' \n' ' ' | grep -q -- "or fp8 (e4m3"; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+    echo "FAIL kv-dtype-help-$verb: --help does not describe --kv-dtype fp8"
+  fi
+done
 expect_error bad-device-index "cuda:7" "$specula" generate --model "$fixture" --device cuda:7 --prompt-ids 1,2
 expect_error draft-trace-device "CPU only" "$specula" draft-trace --model "$fixture" --device cuda \
   --draft "$src/tests/golden/dense_kev_assistant" --prompt-ids 1,2 --out "$tmp/trace.safetensors"

@@ -86,13 +86,18 @@ void CpuBackend::attention(const AttentionParams& p) {
 
   const int64_t group = n_heads / n_kv;
   const float* q = p.q.data_as<const float>();
-  // A bf16 cache's rows are widened to f32 (exact) one at a time and go
-  // through the same dot / axpy as f32 rows: results equal those of an f32
-  // cache holding the same (rounded) values.
+  // A bf16 cache's rows are widened to f32 (exact) one at a time, an fp8
+  // cache's rows dequantized (e4m3_to_f32(q) · scale, one f32 product, as
+  // Tensor::scales defines), and go through the same dot / axpy as f32 rows:
+  // results equal those of an f32 cache holding the same (rounded) values.
   const bool bf16 = p.k.dtype() == DType::kBF16;
+  const bool fp8 = p.k.dtype() == DType::kF8E4M3;
   constexpr int64_t kMaxRow = 1024;
-  if (bf16 && d > kMaxRow)
-    fail("attention: head dimension {} of a bf16 k {} exceeds {}", d, p.k.describe(), kMaxRow);
+  if ((bf16 || fp8) && d > kMaxRow)
+    fail("attention: head dimension {} of a {} k {} exceeds {}", d, p.k.dtype(), p.k.describe(),
+         kMaxRow);
+  const float* k_scales = p.k.scale_data();
+  const float* v_scales = p.v.scale_data();
   const char* k = static_cast<const char*>(p.k.data());
   const char* v = static_cast<const char*>(p.v.data());
   const size_t elem = dtype_size(p.k.dtype());
@@ -112,56 +117,61 @@ void CpuBackend::attention(const AttentionParams& p) {
   cpu::ScratchPool::Lease lease(scratch_,
                                 static_cast<size_t>(team) * static_cast<size_t>(score_len));
   float* score_rows = lease.data();
-  cpu::parallel_for_each(s_len * n_heads, cpu::worth_parallel(s_len * n_heads * score_len * d),
-                         [&](int64_t ih, int slot) {
-                           float* scores = score_rows + static_cast<int64_t>(slot) * score_len;
-                           const int64_t i = ih / n_heads;
-                           const int64_t h = ih % n_heads;
-                           float* o = out + (i * n_heads + h) * d;
-                           // Key j (absolute position k_pos0 + j) is visible iff
-                           // (!causal || kp <= qp) && (window == 0 || kp > qp - window).
-                           const int64_t qp = q_pos[i];
-                           int64_t lo = 0;
-                           int64_t hi = t_len - 1;
-                           if (causal) hi = std::min(hi, qp - k_pos0);
-                           if (window > 0) lo = std::max(lo, qp - window + 1 - k_pos0);
-                           if (lo > hi) {
-                             std::fill(o, o + d, 0.0f);  // nothing visible: zeros, not 0/0
-                             return;
-                           }
-                           const float* qr = q + (i * n_heads + h) * d;
-                           const int64_t kvh = h / group;
-                           float widened[kMaxRow];
-                           // Row kr of kv head kvh of `base` (k or v), as f32.
-                           auto row = [&](const char* base, int64_t kr) -> const float* {
-                             const char* r = base + static_cast<size_t>(kr * n_kv + kvh) *
-                                                        static_cast<size_t>(d) * elem;
-                             if (!bf16) return reinterpret_cast<const float*>(r);
-                             const auto* b = reinterpret_cast<const uint16_t*>(r);
-                             for (int64_t e = 0; e < d; ++e) widened[e] = bf16_to_f32(b[e]);
-                             return widened;
-                           };
-                           float max_score = -std::numeric_limits<float>::infinity();
-                           for (int64_t j = lo; j <= hi; ++j) {
-                             const int64_t kr = ring ? (k_pos0 + j) % ring_rows : j;
-                             const float sc = scale * cpu::dot(qr, row(k, kr), d);
-                             scores[j - lo] = sc;
-                             max_score = std::max(max_score, sc);
-                           }
-                           double sum = 0.0;
-                           for (int64_t j = lo; j <= hi; ++j) {
-                             float& e = scores[j - lo];
-                             e = std::exp(e - max_score);
-                             sum += e;
-                           }
-                           const auto denom = static_cast<float>(sum);
-                           std::fill(o, o + d, 0.0f);
-                           for (int64_t j = lo; j <= hi; ++j) {
-                             const float prob = scores[j - lo] / denom;
-                             const int64_t kr = ring ? (k_pos0 + j) % ring_rows : j;
-                             cpu::axpy(prob, row(v, kr), o, d);
-                           }
-                         });
+  cpu::parallel_for_each(
+      s_len * n_heads, cpu::worth_parallel(s_len * n_heads * score_len * d),
+      [&](int64_t ih, int slot) {
+        float* scores = score_rows + static_cast<int64_t>(slot) * score_len;
+        const int64_t i = ih / n_heads;
+        const int64_t h = ih % n_heads;
+        float* o = out + (i * n_heads + h) * d;
+        // Key j (absolute position k_pos0 + j) is visible iff
+        // (!causal || kp <= qp) && (window == 0 || kp > qp - window).
+        const int64_t qp = q_pos[i];
+        int64_t lo = 0;
+        int64_t hi = t_len - 1;
+        if (causal) hi = std::min(hi, qp - k_pos0);
+        if (window > 0) lo = std::max(lo, qp - window + 1 - k_pos0);
+        if (lo > hi) {
+          std::fill(o, o + d, 0.0f);  // nothing visible: zeros, not 0/0
+          return;
+        }
+        const float* qr = q + (i * n_heads + h) * d;
+        const int64_t kvh = h / group;
+        float widened[kMaxRow];
+        // Row kr of kv head kvh of `base` (k or v, with its scales when fp8), as f32.
+        auto row = [&](const char* base, const float* scales, int64_t kr) -> const float* {
+          const int64_t at = kr * n_kv + kvh;  // (token, kv head) row
+          const char* r = base + static_cast<size_t>(at) * static_cast<size_t>(d) * elem;
+          if (fp8) {
+            cpu::dequantize_to_f32(r, DType::kF8E4M3, scales[at], widened, d);
+            return widened;
+          }
+          if (!bf16) return reinterpret_cast<const float*>(r);
+          const auto* b = reinterpret_cast<const uint16_t*>(r);
+          for (int64_t e = 0; e < d; ++e) widened[e] = bf16_to_f32(b[e]);
+          return widened;
+        };
+        float max_score = -std::numeric_limits<float>::infinity();
+        for (int64_t j = lo; j <= hi; ++j) {
+          const int64_t kr = ring ? (k_pos0 + j) % ring_rows : j;
+          const float sc = scale * cpu::dot(qr, row(k, k_scales, kr), d);
+          scores[j - lo] = sc;
+          max_score = std::max(max_score, sc);
+        }
+        double sum = 0.0;
+        for (int64_t j = lo; j <= hi; ++j) {
+          float& e = scores[j - lo];
+          e = std::exp(e - max_score);
+          sum += e;
+        }
+        const auto denom = static_cast<float>(sum);
+        std::fill(o, o + d, 0.0f);
+        for (int64_t j = lo; j <= hi; ++j) {
+          const float prob = scores[j - lo] / denom;
+          const int64_t kr = ring ? (k_pos0 + j) % ring_rows : j;
+          cpu::axpy(prob, row(v, v_scales, kr), o, d);
+        }
+      });
 }
 
 }  // namespace specula

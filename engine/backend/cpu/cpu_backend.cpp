@@ -169,17 +169,28 @@ void CpuBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& positi
   for (int64_t i = 0; i < d.rows; ++i) {
     if (pos[i] < 0) fail("{}: position {} of row {} is negative", kOp, pos[i], i);
   }
-  // Row by row through convert (f32 rows into an f32 or bf16 cache).
-  const Tensor k_rows = k.reshape({d.rows, d.row_floats});
-  const Tensor v_rows = v.reshape({d.rows, d.row_floats});
-  const Tensor ck = cache_k.reshape({d.cache_rows, d.row_floats});
-  const Tensor cv = cache_v.reshape({d.cache_rows, d.row_floats});
+  // Row by row through convert (f32 rows into an f32, bf16 or fp8 cache; an
+  // fp8 row keeps its [KV, D] shape, so its per-head scales come along).
+  const Tensor& k_rows = k;
+  const Tensor& v_rows = v;
+  const Tensor& ck = cache_k;
+  const Tensor& cv = cache_v;
   for (int64_t i = 0; i < d.rows; ++i) {
     const int64_t slot = pos[i] % d.cache_rows;
     convert(k_rows.slice_rows(i, i + 1), ck.slice_rows(slot, slot + 1));
     convert(v_rows.slice_rows(i, i + 1), cv.slice_rows(slot, slot + 1));
   }
 }
+
+namespace {
+// The scales of an fp8 view (one per row of its last dimension), or an Error
+// naming the tensor when it carries none.
+Tensor fp8_scales(const char* op, const char* name, const Tensor& t) {
+  if (t.scale_data() == nullptr)
+    fail("{}: {} {} is f8e4m3 without its per-row scales", op, name, t.describe());
+  return t.scales();
+}
+}  // namespace
 
 void CpuBackend::convert(const Tensor& src, const Tensor& dst) {
   constexpr const char* kOp = "convert";
@@ -190,9 +201,36 @@ void CpuBackend::convert(const Tensor& src, const Tensor& dst) {
   }
   if (src.dtype() == dst.dtype()) {
     copy(src, dst);
+    if (src.dtype() == DType::kF8E4M3)
+      copy(fp8_scales(kOp, "src", src), fp8_scales(kOp, "dst", dst));
     return;
   }
   const int64_t n = src.numel();
+  if (src.dtype() == DType::kF32 && dst.dtype() == DType::kF8E4M3) {
+    // One scale per row of the last dimension (a KV cache's (token, head) vectors).
+    cpu::check_no_alias(kOp, "dst", dst, "src", src);
+    const Tensor scales = fp8_scales(kOp, "dst", dst);
+    const int64_t rows = scales.numel();
+    const int64_t width = rows == 0 ? 0 : n / rows;
+    const float* s = src.data_as<const float>();
+    auto* o = dst.data_as<uint8_t>();
+    float* sc = scales.data_as<float>();
+    for (int64_t r = 0; r < rows; ++r)
+      kv_e4m3_quantize_row(s + r * width, width, o + r * width, sc + r);
+    return;
+  }
+  if (src.dtype() == DType::kF8E4M3 && dst.dtype() == DType::kF32) {
+    cpu::check_no_alias(kOp, "dst", dst, "src", src);
+    const Tensor scales = fp8_scales(kOp, "src", src);
+    const int64_t rows = scales.numel();
+    const int64_t width = rows == 0 ? 0 : n / rows;
+    const float* sc = scales.data_as<const float>();
+    for (int64_t r = 0; r < rows; ++r) {
+      cpu::dequantize_to_f32(src.data_as<const uint8_t>() + r * width, DType::kF8E4M3, sc[r],
+                             dst.data_as<float>() + r * width, width);
+    }
+    return;
+  }
   if (src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16) {
     cpu::check_no_alias(kOp, "dst", dst, "src", src);
     const float* s = src.data_as<const float>();
@@ -204,8 +242,8 @@ void CpuBackend::convert(const Tensor& src, const Tensor& dst) {
     float* o = dst.data_as<float>();
     for (int64_t i = 0; i < n; ++i) o[i] = bf16_to_f32(s[i]);
   } else {
-    fail("{}: no conversion from src {} to dst {} (f32 <-> bf16 only)", kOp, src.describe(),
-         dst.describe());
+    fail("{}: no conversion from src {} to dst {} (f32 <-> bf16 and f32 <-> f8e4m3 only)", kOp,
+         src.describe(), dst.describe());
   }
 }
 

@@ -50,11 +50,14 @@ namespace {
 // chunk - (first chunk the query sees); other slots are left unwritten (the
 // combine never reads them). Blocks where no pair sees a key exit at once.
 // Up to 3 blocks per SM (80 registers; a decode block's tiles take 71 KB at D = 256).
-// KvT: float (an f32 cache) or uint16_t (bf16 bits, widened as they are staged).
+// KvT: float (an f32 cache), uint16_t (bf16 bits, widened as they are staged)
+// or uint8_t (fp8 codes, dequantized with their scales k_scales / v_scales,
+// one per (row, kv head), as they are staged; null for the other dtypes).
 template <typename KvT>
 __global__ void __launch_bounds__(kPartialThreads, 3)
     attention_partials_kernel(const float* __restrict__ q, const KvT* __restrict__ k,
-                              const KvT* __restrict__ v, const int32_t* __restrict__ q_pos,
+                              const KvT* __restrict__ v, const float* k_scales,
+                              const float* v_scales, const int32_t* __restrict__ q_pos,
                               float* __restrict__ part_ml, float* __restrict__ part_acc,
                               AttnGeom g) {
   // The combine may launch now: it waits (griddepcontrol.wait) for this whole
@@ -100,11 +103,13 @@ __global__ void __launch_bounds__(kPartialThreads, 3)
       stage_row(sQ + p * g.ld, q + ((pair / g.group) * g.n_heads + h) * g.d, g, lane);
     }
     for (int j = j0 + warp; j <= j1; j += kPartialWarps) {
-      stage_row(sK + j * g.ld, k_head + key_row(c0 + j) * kv_row, g, lane);
+      const int64_t r = key_row(c0 + j);
+      stage_kv_row(sK + j * g.ld, k_head + r * kv_row, k_scales, r, kvh, g, lane);
     }
     __pipeline_commit();
     for (int j = j0 + warp; j <= j1; j += kPartialWarps) {
-      stage_row(sV + j * g.ld, v_head + key_row(c0 + j) * kv_row, g, lane);
+      const int64_t r = key_row(c0 + j);
+      stage_kv_row(sV + j * g.ld, v_head + r * kv_row, v_scales, r, kvh, g, lane);
     }
     __pipeline_commit();
   };
@@ -149,19 +154,23 @@ void allow_partials_smem(int device) {
                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kMaxPartialsSmem)),
              "cudaFuncSetAttribute(attention_partials_kernel)");
+  check_cuda(cudaFuncSetAttribute(attention_partials_kernel<uint8_t>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(kMaxPartialsSmem)),
+             "cudaFuncSetAttribute(attention_partials_kernel)");
   done.fetch_or(bit, std::memory_order_relaxed);
 }
 
 template <typename KvT>
-void launch_partials(const float* q, const KvT* k, const KvT* v, const int32_t* q_pos,
-                     float* part_ml, float* part_acc, const AttnGeom& g, int64_t n_chunks,
-                     cudaStream_t stream) {
+void launch_partials(const float* q, const KvT* k, const KvT* v, const float* k_scales,
+                     const float* v_scales, const int32_t* q_pos, float* part_ml, float* part_acc,
+                     const AttnGeom& g, int64_t n_chunks, cudaStream_t stream) {
   const int64_t pairs = int64_t{g.s} * g.group;
   const dim3 grid(static_cast<unsigned>(n_chunks), static_cast<unsigned>(g.n_kv),
                   static_cast<unsigned>((pairs + g.pair_tile - 1) / g.pair_tile));
   launch_pdl(attention_partials_kernel<KvT>, grid, dim3(kPartialThreads),
              partials_smem_bytes(g.d, g.pair_tile), stream, "attention_partials_kernel", q, k, v,
-             q_pos, part_ml, part_acc, g);
+             k_scales, v_scales, q_pos, part_ml, part_acc, g);
 }
 
 }  // namespace
@@ -273,7 +282,8 @@ void set_tile(AttnGeom& g, const AttentionParams& p, int64_t s0, int64_t s, int6
 
 using namespace attn;
 
-// q f32 [S, H, D], k/v f32|bf16 [T, Hkv, D], out f32 [S, H, D], q_positions i32 [S]
+// q f32 [S, H, D], k/v f32|bf16|f8e4m3 [T, Hkv, D] (fp8 with its scales), out f32
+// [S, H, D], q_positions i32 [S]
 // (all on this device); H a multiple of Hkv, D <= 512. See AttentionParams.
 void CudaBackend::attention(const AttentionParams& p) {
   OpTimer timer(*this, "attention");
@@ -300,12 +310,18 @@ void CudaBackend::attention(const AttentionParams& p) {
     set_tile(g, p, s0, std::min(plan.tile, s_len - s0), s_len);
     const int64_t offset = s0 * n_heads * d;
     if (plan.n_chunks > 0) {
-      if (bf16_kv) {
+      if (p.k.dtype() == DType::kF8E4M3) {
+        launch_partials(q + offset, p.k.data_as<const uint8_t>(), p.v.data_as<const uint8_t>(),
+                        p.k.scale_data(), p.v.scale_data(), pos + s0, plan.part_ml, plan.part_acc,
+                        g, plan.grid_chunks(g.s), stream());
+      } else if (bf16_kv) {
         launch_partials(q + offset, p.k.data_as<const uint16_t>(), p.v.data_as<const uint16_t>(),
-                        pos + s0, plan.part_ml, plan.part_acc, g, plan.grid_chunks(g.s), stream());
+                        nullptr, nullptr, pos + s0, plan.part_ml, plan.part_acc, g,
+                        plan.grid_chunks(g.s), stream());
       } else {
-        launch_partials(q + offset, p.k.data_as<const float>(), p.v.data_as<const float>(),
-                        pos + s0, plan.part_ml, plan.part_acc, g, plan.grid_chunks(g.s), stream());
+        launch_partials(q + offset, p.k.data_as<const float>(), p.v.data_as<const float>(), nullptr,
+                        nullptr, pos + s0, plan.part_ml, plan.part_acc, g, plan.grid_chunks(g.s),
+                        stream());
       }
     }
     dispatch_combine(plan.nr, std::make_integer_sequence<int, kMaxLaneDims>{}, pos + s0,

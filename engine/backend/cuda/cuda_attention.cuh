@@ -165,6 +165,29 @@ __device__ inline void stage_row(float* dst, const uint16_t* src, const AttnGeom
   }
 }
 
+// stage_row for an fp8 cache row: each element dequantized as the CPU does
+// (e4m3 value · the row's scale, one f32 product), plain stores like the bf16
+// row's, zero padding. Coherent loads: the cache is written by earlier kernels.
+__device__ inline void stage_row_fp8(float* dst, const uint8_t* src, float scale, const AttnGeom& g,
+                                     int lane) {
+  for (int i = lane; i < g.d; i += 32)
+    dst[i] = __fmul_rn(e4m3_bits_to_f32(load_act(src + i)), scale);
+  for (int i = g.d + lane; i < (g.d + 3) / 4 * 4; i += 32) dst[i] = 0.0f;
+}
+
+// Stages key or value row `row` of kv head `kvh` (head_row: the row's first
+// element of that head): stage_row for f32 and bf16 caches, stage_row_fp8 with
+// scale scales[row · n_kv + kvh] for an fp8 cache (KvT uint8_t).
+template <typename KvT>
+__device__ inline void stage_kv_row(float* dst, const KvT* head_row, const float* scales,
+                                    int64_t row, int kvh, const AttnGeom& g, int lane) {
+  if constexpr (std::is_same_v<KvT, uint8_t>) {
+    stage_row_fp8(dst, head_row, load_act(scales + row * g.n_kv + kvh), g, lane);
+  } else {
+    stage_row(dst, head_row, g, lane);
+  }
+}
+
 // Pairs per register tile in the partials block (one staged k or v float4 read
 // serves TP pairs). Fewer pairs: smaller tiles, so more warps share the work.
 // Never changes results: each pair's arithmetic is the same for every TP.

@@ -3,8 +3,8 @@
 // attention_fused_kernel finishes the q/k/v inputs (as attention_inputs does,
 // bit for bit) inside the partials blocks and stages the cached keys before its
 // inputs are ready; the combine is cuda_attention.cu's. Numerics: see there.
-// f32 and bf16 caches alike (a bf16 cache's new rows are rounded as store_kv
-// rounds them, and the block attends to the rounded values).
+// f32, bf16 and fp8 caches alike (a bf16 or fp8 cache's new rows are rounded
+// as store_kv rounds them, and the block attends to the rounded values).
 #include "engine/backend/cuda/cuda_attention.cuh"
 
 namespace specula::cuda {
@@ -34,25 +34,56 @@ __device__ inline float load_weight(const void* w, DType dt, int i) {
   return load_float<DType::kF32>(w, i);
 }
 
-// Cache rows of a fused launch hold KvT: float (an f32 cache) or uint16_t (bf16
-// bits). A bf16 row holds f32_to_bf16_bits of the finished f32 row (what
-// attention_inputs then store_kv write), and the block attends to those rounded
-// values widened back (what the partials kernel stages from the cache), so the
-// fused launch and the two ops agree bit for bit for either dtype.
+// Cache rows of a fused launch hold KvT: float (an f32 cache), uint16_t (bf16
+// bits) or uint8_t (fp8 codes, with one scale per (row, kv head)). A bf16 row
+// holds f32_to_bf16_bits of the finished f32 row, an fp8 row the codes and
+// scale of kv_e4m3_quantize_row of it (what attention_inputs then store_kv
+// write), and the block attends to those rounded values widened back (what the
+// partials kernel stages from the cache), so the fused launch and the two ops
+// agree bit for bit for every dtype.
+
+// fp8: the scale of a finished row held by a warp (kPer values a lane, element
+// lane + 32·i; amax over the finite ones, a max: exact in any order).
+template <int kPer>
+__device__ inline float warp_row_fp8_scale(const float (&fin)[kPer], int d, int lane) {
+  float amax = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    if (lane + 32 * i < d && isfinite(fin[i])) amax = fmaxf(amax, fabsf(fin[i]));
+  }
+  for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+  return kv_e4m3_scale_dev(amax);
+}
 
 // The finished v row (vals · inv, weightless) of a new position into smem (the
 // staged V row, or null) and cache (its cache row, or null), not both null.
 // f32: write_plain_norm as before; bf16: each element rounded once, the cache
-// taking the bits and smem their exact widening.
+// taking the bits and smem their exact widening; fp8: the row quantized (its
+// scale to *cache_scale with the cache row), smem taking the dequantized values.
 template <typename KvT, int kPer>
 __device__ inline void write_value_row(const float (&vals)[kPer], float inv, int d, int lane,
-                                       float* smem, KvT* cache) {
+                                       float* smem, KvT* cache, float* cache_scale) {
   if constexpr (std::is_same_v<KvT, float>) {
     if (smem == nullptr) {
       smem = cache;
       cache = nullptr;
     }
     write_plain_norm(vals, inv, d, lane, smem, cache);
+  } else if constexpr (std::is_same_v<KvT, uint8_t>) {
+    float fin[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) fin[i] = rms_apply_loaded(vals[i], inv, false, 0.0f);
+    const float scale = warp_row_fp8_scale(fin, d, lane);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int c = lane + 32 * i;
+      if (c < d) {
+        const uint8_t code = kv_e4m3_encode_dev(fin[i], scale);
+        if (smem != nullptr) smem[c] = __fmul_rn(e4m3_bits_to_f32(code), scale);
+        if (cache != nullptr) cache[c] = code;
+      }
+    }
+    if (cache != nullptr && lane == 0) *cache_scale = scale;
   } else {
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
@@ -70,13 +101,34 @@ __device__ inline void write_value_row(const float (&vals)[kPer], float inv, int
 // `row` and (f32, unless null) the cache row; for a bf16 cache the staged row
 // is then rounded in place (each element by one lane, after write_norm_rope's
 // closing __syncwarp) and its bits go to the cache row (unless null).
+// fp8: the staged row quantized in place (dequantized values), its codes and
+// scale to the cache row and *cache_scale (unless null).
 template <typename KvT, int kPer, typename WeightAt, typename FreqAt>
 __device__ inline void write_key_row(const float (&vals)[kPer], float inv, bool has_weight,
                                      WeightAt weight_at, int d, int lane, float* row,
-                                     int32_t position, FreqAt freq_at, KvT* cache) {
+                                     int32_t position, FreqAt freq_at, KvT* cache,
+                                     float* cache_scale) {
   if constexpr (std::is_same_v<KvT, float>) {
     write_norm_rope(vals, inv, has_weight, weight_at, d, lane, row, position, freq_at, cache,
                     nullptr);
+  } else if constexpr (std::is_same_v<KvT, uint8_t>) {
+    write_norm_rope(vals, inv, has_weight, weight_at, d, lane, row, position, freq_at, nullptr,
+                    nullptr);
+    float fin[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) fin[i] = lane + 32 * i < d ? row[lane + 32 * i] : 0.0f;
+    const float scale = warp_row_fp8_scale(fin, d, lane);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int c = lane + 32 * i;
+      if (c < d) {
+        const uint8_t code = kv_e4m3_encode_dev(fin[i], scale);
+        row[c] = __fmul_rn(e4m3_bits_to_f32(code), scale);
+        if (cache != nullptr) cache[c] = code;
+      }
+    }
+    if (cache != nullptr && lane == 0) *cache_scale = scale;
+    __syncwarp();  // the row is read by other lanes only after the block barrier
   } else {
     write_norm_rope(vals, inv, has_weight, weight_at, d, lane, row, position, freq_at, nullptr,
                     nullptr);
@@ -109,8 +161,8 @@ __device__ inline void write_key_row(const float (&vals)[kPer], float inv, bool 
 template <typename KvT, int kPer, int kMinBlocks>
 __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
     attention_fused_kernel(FusedInputs in, KvT* __restrict__ k_cache, KvT* __restrict__ v_cache,
-                           const int32_t* __restrict__ q_pos, float* __restrict__ part_ml,
-                           float* __restrict__ part_acc, AttnGeom g) {
+                           float* k_scales, float* v_scales, const int32_t* __restrict__ q_pos,
+                           float* __restrict__ part_ml, float* __restrict__ part_acc, AttnGeom g) {
   pdl_launch_dependents();  // the combine: it waits for this whole grid
   extern __shared__ float4 smem[];
   const int d = g.d;
@@ -142,11 +194,15 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
   const int64_t kv_row = int64_t{g.n_kv} * d;  // floats per key
   const auto key_row = [&](int64_t kp) { return g.ring > 0 ? kp % g.ring : kp - g.k_pos0; };
   // Rows j0..j1 of the chunk from the cache: K, and V below v_early.
+  // (fp8: each row dequantized with its scale, scales[row · n_kv + kvh].)
   const auto stage_keys = [&](int j0, int j1) {
     for (int j = j0 + warp; j <= j1; j += kPartialWarps) {
-      stage_row(sK + j * g.ld, k_cache + key_row(c0 + j) * kv_row + int64_t{kvh} * d, g, lane);
+      const int64_t r = key_row(c0 + j);
+      stage_kv_row(sK + j * g.ld, k_cache + r * kv_row + int64_t{kvh} * d, k_scales, r, kvh, g,
+                   lane);
       if (j < v_early) {
-        stage_row(sV + j * g.ld, v_cache + key_row(c0 + j) * kv_row + int64_t{kvh} * d, g, lane);
+        stage_kv_row(sV + j * g.ld, v_cache + r * kv_row + int64_t{kvh} * d, v_scales, r, kvh, g,
+                     lane);
       }
     }
     __pipeline_commit();
@@ -154,7 +210,9 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
   // The same rows' V at or past v_early (once the q rows there are read).
   const auto stage_late_values = [&](int j0, int j1) {
     for (int j = max(j0, v_early) + warp; j <= j1; j += kPartialWarps) {
-      stage_row(sV + j * g.ld, v_cache + key_row(c0 + j) * kv_row + int64_t{kvh} * d, g, lane);
+      const int64_t r = key_row(c0 + j);
+      stage_kv_row(sV + j * g.ld, v_cache + r * kv_row + int64_t{kvh} * d, v_scales, r, kvh, g,
+                   lane);
     }
   };
   // Old keys of the chunk: [max(c0, first visible), min(chunk end, first - 1)].
@@ -194,7 +252,7 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
     float vv[kPer];
     load_held<kPer, 32>(in.v_from_k ? in.k + src : in.v + src, lane, d, vv);
     const float inv_v = rms_inv(warp_row_sum_squares(vv, d, lane), d, in.eps);
-    write_value_row<KvT>(vv, inv_v, d, lane, smem_dst, cache_dst);
+    write_value_row<KvT>(vv, inv_v, d, lane, smem_dst, cache_dst, nullptr);
   };
   const auto q_weight = [&](int, int c) { return sQn[c]; };
   const auto k_weight = [&](int, int c) { return sKn[c]; };
@@ -215,6 +273,7 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
     const int64_t pos = c0 + j;
     const int64_t src = ((pos - first) * g.n_kv + kvh) * d;
     const int64_t dst = key_row(pos) * kv_row + int64_t{kvh} * d;
+    const int64_t dst_scale = key_row(pos) * g.n_kv + kvh;  // fp8 only
     // Several tiles may finish the row; the cache gets it from the one holding
     // the first pair of its own query (which sees it, so never exits early).
     const bool writer = (pos - first) * g.group / g.pair_tile == int64_t{blockIdx.z};
@@ -227,16 +286,18 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
     // the block finishes it again into its slot after the scores.
     float* v_smem = j < v_early ? sV + j * g.ld : nullptr;
     KvT* v_out = writer ? v_cache + dst : nullptr;
+    float* v_scale_out = writer && v_scales != nullptr ? v_scales + dst_scale : nullptr;
     if (v_smem == nullptr && v_out == nullptr) {
       // not the writer, and the row is late: nothing to store yet
     } else if (in.v_from_k) {
-      write_value_row<KvT>(vals, inv_k, d, lane, v_smem, v_out);
+      write_value_row<KvT>(vals, inv_k, d, lane, v_smem, v_out, v_scale_out);
     } else {
       const float inv_v = rms_inv(warp_row_sum_squares(vv, d, lane), d, in.eps);
-      write_value_row<KvT>(vv, inv_v, d, lane, v_smem, v_out);
+      write_value_row<KvT>(vv, inv_v, d, lane, v_smem, v_out, v_scale_out);
     }
     write_key_row<KvT>(vals, inv_k, has_kn, k_weight, d, lane, sK + j * g.ld,
-                       static_cast<int32_t>(pos), freq, writer ? k_cache + dst : nullptr);
+                       static_cast<int32_t>(pos), freq, writer ? k_cache + dst : nullptr,
+                       writer && k_scales != nullptr ? k_scales + dst_scale : nullptr);
   }
   __pipeline_wait_prior(0);  // this thread's cache rows have landed
   __syncthreads();           // ... and everyone's, and the finished rows
@@ -331,7 +392,7 @@ void CudaBackend::attention_with_inputs(const AttentionInputsParams& in, const A
   const ops::AttentionInputsDims idims = ops::check_attention_inputs(in);
   const ops::AttentionDims dims = check_cuda_attention(*this, p);
   const auto same = [](const Tensor& a, const Tensor& b) { return a.data() == b.data(); };
-  // f32 and bf16 caches (attention_fused_kernel<KvT>); k and v share a dtype
+  // f32, bf16 and fp8 caches (attention_fused_kernel<KvT>); k and v share a dtype
   // (check_attention), and the inputs' cache is the attended one (below).
   bool fits = p.causal && p.positions_bound > 0 && !p.allow_fast_prefill && dims.keys > 0 &&
               dims.queries > 0 &&
@@ -388,17 +449,24 @@ void CudaBackend::attention_with_inputs(const AttentionInputsParams& in, const A
   // longer on an H200); wider heads fit one block an SM by shared memory anyway.
   g.v_early = fused_late_v_rows(g.d, g.pair_tile, int64_t{grid.x} * int64_t{grid.y} * grid.z);
   const size_t smem = fused_smem_bytes(g.d, g.pair_tile, g.v_early < kChunk);
-  if (p.k.dtype() == DType::kBF16) {
+  if (p.k.dtype() == DType::kF8E4M3) {
+    auto kernel =
+        g.d <= 256 ? attention_fused_kernel<uint8_t, 8, 3> : attention_fused_kernel<uint8_t, 16, 1>;
+    launch_pdl(kernel, grid, dim3(kPartialThreads), smem, stream(), "attention_fused_kernel", f,
+               p.k.data_as<uint8_t>(), p.v.data_as<uint8_t>(), const_cast<float*>(p.k.scale_data()),
+               const_cast<float*>(p.v.scale_data()), pos, plan.part_ml, plan.part_acc, g);
+  } else if (p.k.dtype() == DType::kBF16) {
     auto kernel = g.d <= 256 ? attention_fused_kernel<uint16_t, 8, 3>
                              : attention_fused_kernel<uint16_t, 16, 1>;
     launch_pdl(kernel, grid, dim3(kPartialThreads), smem, stream(), "attention_fused_kernel", f,
-               p.k.data_as<uint16_t>(), p.v.data_as<uint16_t>(), pos, plan.part_ml, plan.part_acc,
-               g);
+               p.k.data_as<uint16_t>(), p.v.data_as<uint16_t>(), static_cast<float*>(nullptr),
+               static_cast<float*>(nullptr), pos, plan.part_ml, plan.part_acc, g);
   } else {
     auto kernel =
         g.d <= 256 ? attention_fused_kernel<float, 8, 3> : attention_fused_kernel<float, 16, 1>;
     launch_pdl(kernel, grid, dim3(kPartialThreads), smem, stream(), "attention_fused_kernel", f,
-               p.k.data_as<float>(), p.v.data_as<float>(), pos, plan.part_ml, plan.part_acc, g);
+               p.k.data_as<float>(), p.v.data_as<float>(), static_cast<float*>(nullptr),
+               static_cast<float*>(nullptr), pos, plan.part_ml, plan.part_acc, g);
   }
   dispatch_combine(plan.nr, std::make_integer_sequence<int, kMaxLaneDims>{}, pos, plan.part_ml,
                    plan.part_acc, p.out.data_as<float>(), g, /*after_partials=*/true, stream());

@@ -19,6 +19,10 @@
 // the products' inputs leaves them unchanged), hence the same results bit for
 // bit. The copies need 8 bytes a key element (k and v), at most
 // kPrefillWidenBudget (CudaBackend::attention takes the partials path past it).
+// An fp8 cache is dequantized into the same f32 copies (e4m3 value · scale, as
+// the CPU reads it); unlike bf16's, those values may carry more than TF32's 10
+// mantissa bits, so the products round them: deterministic, within the TF32
+// tolerance of the CPU, like every product here.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -153,10 +157,22 @@ __global__ void widen_kv_kernel(const uint16_t* k, const uint16_t* v, float* __r
   }
 }
 
+// kf / vf f32 [n] = k / v fp8 [n] dequantized as the CPU does (e4m3 value ·
+// the scale of its row of d values, one f32 product).
+__global__ void widen_kv_fp8_kernel(const uint8_t* k, const uint8_t* v, const float* k_scales,
+                                    const float* v_scales, float* __restrict__ kf,
+                                    float* __restrict__ vf, int64_t n, int64_t d) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    kf[i] = __fmul_rn(e4m3_bits_to_f32(load_act(k + i)), load_act(k_scales + i / d));
+    vf[i] = __fmul_rn(e4m3_bits_to_f32(load_act(v + i)), load_act(v_scales + i / d));
+  }
+}
+
 }  // namespace
 
 size_t prefill_widen_bytes(const AttentionParams& p) {
-  if (p.k.dtype() != DType::kBF16) return 0;
+  if (p.k.dtype() != DType::kBF16 && p.k.dtype() != DType::kF8E4M3) return 0;
   return 2 * ((static_cast<size_t>(p.k.numel()) * sizeof(float) + 255) / 256 * 256);
 }
 
@@ -173,7 +189,7 @@ void attention_prefill_gemm(CudaBackend& be, const AttentionParams& p) {
   const auto* q = p.q.data_as<const float>();
   const float* k = nullptr;
   const float* v = nullptr;
-  if (p.k.dtype() == DType::kBF16) {
+  if (p.k.dtype() == DType::kBF16 || p.k.dtype() == DType::kF8E4M3) {
     const int64_t n = p.k.numel();
     const size_t bytes = prefill_widen_bytes(p);
     const size_t half = bytes / 2;  // v's copy starts 256-byte aligned, like k's
@@ -181,7 +197,12 @@ void attention_prefill_gemm(CudaBackend& be, const AttentionParams& p) {
     auto* vf = reinterpret_cast<float*>(reinterpret_cast<char*>(kf) + half);
     constexpr int kThreads = 256;
     const int64_t blocks = std::min<int64_t>((n + kThreads - 1) / kThreads, int64_t{1} << 16);
-    if (n > 0) {
+    if (n > 0 && p.k.dtype() == DType::kF8E4M3) {
+      widen_kv_fp8_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, be.stream()>>>(
+          p.k.data_as<const uint8_t>(), p.v.data_as<const uint8_t>(), p.k.scale_data(),
+          p.v.scale_data(), kf, vf, n, d);
+      check_cuda(cudaGetLastError(), "widen_kv_fp8_kernel");
+    } else if (n > 0) {
       widen_kv_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, be.stream()>>>(
           p.k.data_as<const uint16_t>(), p.v.data_as<const uint16_t>(), kf, vf, n);
       check_cuda(cudaGetLastError(), "widen_kv_kernel");

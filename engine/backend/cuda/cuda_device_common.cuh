@@ -67,6 +67,53 @@ __device__ __forceinline__ float bf16_bits_to_f32(uint32_t bits) {
   return __uint_as_float(bits << 16);
 }
 
+// fp8 KV cache rows (engine/core/dtype.h, kv_e4m3_quantize_row): the same
+// rules, in the same f32 operations, so that a cache store is bit-equal to the
+// CPU's. e4m3 code to f32, exactly (e4m3_to_f32).
+__device__ __forceinline__ float e4m3_bits_to_f32(uint32_t code) {
+  const uint32_t exponent = (code >> 3) & 0xfu;
+  const uint32_t mantissa = code & 0x7u;
+  float magnitude;
+  if (exponent == 0xfu && mantissa == 0x7u) {
+    magnitude = __uint_as_float(0x7fc00000u);
+  } else if (exponent == 0) {
+    magnitude = __fmul_rn(static_cast<float>(mantissa), 0x1p-9f);
+  } else {
+    magnitude = __uint_as_float(((exponent + 120u) << 23) | (mantissa << 20));
+  }
+  return (code & 0x80u) ? -magnitude : magnitude;
+}
+// kv_e4m3_scale: amax / 448 (IEEE division), 1 unless positive.
+__device__ __forceinline__ float kv_e4m3_scale_dev(float amax) {
+  const float scale = __fdiv_rn(amax, 448.0f);
+  return scale > 0.0f ? scale : 1.0f;
+}
+// f32_to_e4m3 of x / scale (round to nearest even, finite values saturate to
+// ±448), non-finite x the e4m3 NaN of its sign: kv_e4m3_encode. The grid
+// arithmetic is f32_to_e4m3's: frexp, a power-of-two step, rint (ties to even).
+__device__ __forceinline__ uint8_t kv_e4m3_encode_dev(float x, float scale) {
+  const uint32_t xb = __float_as_uint(x);
+  const uint32_t sign = (xb >> 24) & 0x80u;
+  if ((xb & 0x7f800000u) == 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);
+  const float f = __fdiv_rn(x, scale);
+  if (f != f) return static_cast<uint8_t>(sign | 0x7fu);  // (not reached: x finite, scale > 0)
+  const uint32_t fsign = (__float_as_uint(f) >> 24) & 0x80u;
+  const float a = fabsf(f);
+  if (a >= 448.0f) return static_cast<uint8_t>(fsign | 0x7eu);
+  int e;
+  frexpf(a, &e);
+  const int exponent = max(e - 1, -6);
+  const float step = ldexpf(1.0f, exponent - 3);
+  const float units = rintf(__fdiv_rn(a, step));
+  if (units == 0.0f) return static_cast<uint8_t>(fsign);
+  if (exponent == -6 && units < 8.0f)
+    return static_cast<uint8_t>(fsign | static_cast<uint32_t>(units));
+  const int biased = exponent + 7 + (units >= 16.0f ? 1 : 0);
+  const int mantissa = units >= 16.0f ? 0 : static_cast<int>(units) - 8;
+  return static_cast<uint8_t>(fsign | (static_cast<uint32_t>(biased) << 3) |
+                              static_cast<uint32_t>(mantissa));
+}
+
 // Element i of an f32|bf16|f16 array, exactly widened to f32.
 template <DType kDt>
 __device__ __forceinline__ float load_float(const void* p, int64_t i) {

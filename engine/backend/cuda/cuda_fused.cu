@@ -49,46 +49,98 @@ __device__ __forceinline__ void pdl_enter() {
 
 // ---- store_kv ----
 
-// One thread per vector T (float4, or float when rows are not 16-byte
-// multiples / aligned) of the n rows: row i goes to row positions[i] mod R.
-// A negative position cannot throw in a kernel: that row is not written. k, v
-// and positions are read with load_act (no __restrict__ on them, so the
-// compiler cannot turn the loads into read-only ones): see cuda_launch.cuh.
-template <typename T>
+// How store_kv (and convert) turns an f32 element into the cache's: f32
+// copies it, bf16 rounds it as f32_to_bf16_bits (the CPU's rule), fp8 scales
+// its (token, kv head) vector by amax / 448 and rounds each element as
+// kv_e4m3_encode (engine/core/dtype.h: the same f32 operations as the CPU's
+// kv_e4m3_quantize_row, so the bits and scales are equal).
+struct StoreF32 {
+  using Elem = float;
+  static constexpr bool kScaled = false;
+  __device__ static float encode(float x, float) { return x; }
+};
+struct StoreBf16 {
+  using Elem = uint16_t;
+  static constexpr bool kScaled = false;
+  __device__ static uint16_t encode(float x, float) { return f32_to_bf16_bits(x); }
+};
+struct StoreFp8 {
+  using Elem = uint8_t;
+  static constexpr bool kScaled = true;
+  __device__ static uint8_t encode(float x, float scale) { return kv_e4m3_encode_dev(x, scale); }
+};
+
+// One (token, kv head) vector of d values from src (read with load_act) into
+// dst by one warp; scaled conversions also write *scale (lane 0). The amax is
+// a max over the finite elements: exact, whatever the order.
+template <typename Conv>
+__device__ __forceinline__ void store_vector(const float* src, typename Conv::Elem* dst,
+                                             float* scale, int64_t d, int lane) {
+  float s = 1.0f;
+  if constexpr (Conv::kScaled) {
+    float amax = 0.0f;
+    for (int64_t i = lane; i < d; i += 32) {
+      const float x = load_act(src + i);
+      if (isfinite(x)) amax = fmaxf(amax, fabsf(x));
+    }
+    for (int m = 16; m > 0; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+    s = kv_e4m3_scale_dev(amax);
+    if (lane == 0) *scale = s;
+  }
+  for (int64_t i = lane; i < d; i += 32) dst[i] = Conv::encode(load_act(src + i), s);
+}
+
+// store_kv for every cache dtype: one warp per (row, kv head) vector of the n
+// rows; row i goes to row positions[i] mod R (scales: one per (row, kv head),
+// for fp8 only, else null). A negative position cannot throw in a kernel: that
+// row is not written. k, v and positions are read with load_act (no
+// __restrict__ on them, so the compiler cannot turn the loads into read-only
+// ones): see cuda_launch.cuh.
+template <typename Conv>
 __global__ void __launch_bounds__(kThreads)
-    store_kv_kernel(const T* k, const T* v, const int32_t* positions, T* __restrict__ cache_k,
-                    T* __restrict__ cache_v, int64_t rows, int64_t row_vecs, int64_t cache_rows) {
+    store_kv_kernel(const float* k, const float* v, const int32_t* positions,
+                    typename Conv::Elem* __restrict__ cache_k,
+                    typename Conv::Elem* __restrict__ cache_v, float* __restrict__ scale_k,
+                    float* __restrict__ scale_v, int64_t rows, int64_t heads, int64_t d,
+                    int64_t cache_rows) {
   pdl_enter();
-  const int64_t total = rows * row_vecs;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / row_vecs;
-    const int64_t c = i - r * row_vecs;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t total = rows * heads;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; w < total;
+       w += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int64_t r = w / heads;
     const int32_t pos = load_act(positions + r);
-    if (pos < 0) continue;
-    const int64_t dst = (static_cast<int64_t>(pos) % cache_rows) * row_vecs + c;
-    cache_k[dst] = load_act(k + i);
-    cache_v[dst] = load_act(v + i);
+    if (pos < 0) continue;  // warp-uniform
+    const int64_t dst = (static_cast<int64_t>(pos) % cache_rows) * heads + (w - r * heads);
+    store_vector<Conv>(k + w * d, cache_k + dst * d, Conv::kScaled ? scale_k + dst : nullptr, d,
+                       lane);
+    store_vector<Conv>(v + w * d, cache_v + dst * d, Conv::kScaled ? scale_v + dst : nullptr, d,
+                       lane);
   }
 }
 
-// store_kv into a bf16 cache: one thread per element of the n rows, rounded
-// as f32_to_bf16_bits rounds (the CPU's rule). Same row mapping as above.
+// convert f32 -> fp8: row w (of d values) of src into row w of dst and
+// scale[w], one warp a row (the rows of store_kv).
 __global__ void __launch_bounds__(kThreads)
-    store_kv_bf16_kernel(const float* k, const float* v, const int32_t* positions,
-                         uint16_t* __restrict__ cache_k, uint16_t* __restrict__ cache_v,
-                         int64_t rows, int64_t row_floats, int64_t cache_rows) {
+    quantize_rows_fp8_kernel(const float* src, uint8_t* __restrict__ dst, float* __restrict__ scale,
+                             int64_t rows, int64_t d) {
   pdl_enter();
-  const int64_t total = rows * row_floats;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  for (int64_t w = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; w < rows;
+       w += static_cast<int64_t>(gridDim.x) * kWarps) {
+    store_vector<StoreFp8>(src + w * d, dst + w * d, scale + w, d, lane);
+  }
+}
+
+// convert fp8 -> f32: dst[i] = e4m3(src[i]) · scale[i / d] (one f32 product,
+// as the CPU dequantizes), one thread per element.
+__global__ void __launch_bounds__(kThreads)
+    dequantize_fp8_kernel(const uint8_t* src, const float* scale, float* __restrict__ dst,
+                          int64_t n, int64_t d) {
+  pdl_enter();
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t r = i / row_floats;
-    const int64_t c = i - r * row_floats;
-    const int32_t pos = load_act(positions + r);
-    if (pos < 0) continue;
-    const int64_t dst = (static_cast<int64_t>(pos) % cache_rows) * row_floats + c;
-    cache_k[dst] = f32_to_bf16_bits(load_act(k + i));
-    cache_v[dst] = f32_to_bf16_bits(load_act(v + i));
+    dst[i] = __fmul_rn(e4m3_bits_to_f32(load_act(src + i)), load_act(scale + i / d));
   }
 }
 
@@ -362,17 +414,13 @@ __global__ void __launch_bounds__(kThreads) attention_inputs_kernel(AttnInputsAr
   }
 }
 
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
 }  // namespace
 
 // Row i (KV·D floats) of k and v f32 [n, KV, D] goes to row positions[i] mod R
-// of cache_k / cache_v f32 [R, KV, D]. One thread per float4 of the n rows (per
-// float when a row is not a multiple of 4 floats or a buffer is not 16-byte
-// aligned). A negative position cannot be reported from the kernel: that row is
-// left unwritten (the CPU backend throws instead).
+// of cache_k / cache_v [R, KV, D] (f32, bf16, or fp8 with its scales), by
+// store_kv_kernel: one warp per (row, kv head). A negative position cannot be
+// reported from the kernel: that row is left unwritten (the CPU backend
+// throws instead).
 void CudaBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& positions,
                            const Tensor& cache_k, const Tensor& cache_v) {
   OpTimer timer(*this, "store_kv");
@@ -384,30 +432,34 @@ void CudaBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& posit
   check_on(*this, kOp, "cache_v", cache_v);
   const ops::StoreKvDims dims = ops::check_store_kv(kOp, k, v, positions, cache_k, cache_v);
   if (dims.rows == 0 || dims.row_floats == 0) return;
-  if (cache_k.dtype() == DType::kBF16) {
-    launch_pdl(store_kv_bf16_kernel, grid_for(dims.rows * dims.row_floats, kThreads), kThreads, 0,
-               stream(), "store_kv_bf16_kernel", k.data_as<const float>(), v.data_as<const float>(),
-               positions.data_as<const int32_t>(), cache_k.data_as<uint16_t>(),
-               cache_v.data_as<uint16_t>(), dims.rows, dims.row_floats, dims.cache_rows);
-    return;
-  }
-  const bool vec4 = dims.row_floats % 4 == 0 && aligned16(k.data()) && aligned16(v.data()) &&
-                    aligned16(cache_k.data()) && aligned16(cache_v.data());
-  if (vec4) {
-    const int64_t row_vecs = dims.row_floats / 4;
-    launch_pdl(store_kv_kernel<float4>, grid_for(dims.rows * row_vecs, kThreads), kThreads, 0,
-               stream(), "store_kv_kernel", k.data_as<const float4>(), v.data_as<const float4>(),
-               positions.data_as<const int32_t>(), cache_k.data_as<float4>(),
-               cache_v.data_as<float4>(), dims.rows, row_vecs, dims.cache_rows);
-  } else {
-    launch_pdl(store_kv_kernel<float>, grid_for(dims.rows * dims.row_floats, kThreads), kThreads, 0,
-               stream(), "store_kv_kernel", k.data_as<const float>(), v.data_as<const float>(),
-               positions.data_as<const int32_t>(), cache_k.data_as<float>(),
-               cache_v.data_as<float>(), dims.rows, dims.row_floats, dims.cache_rows);
+  const int64_t heads = k.dim(1);
+  const int64_t d = k.dim(2);
+  auto launch = [&](auto conv) {
+    using Conv = decltype(conv);
+    using Elem = typename Conv::Elem;
+    float* sk = Conv::kScaled ? const_cast<float*>(cache_k.scale_data()) : nullptr;
+    float* sv = Conv::kScaled ? const_cast<float*>(cache_v.scale_data()) : nullptr;
+    launch_pdl(store_kv_kernel<Conv>, grid_for(dims.rows * heads, kWarps), kThreads, 0, stream(),
+               "store_kv_kernel", k.data_as<const float>(), v.data_as<const float>(),
+               positions.data_as<const int32_t>(), cache_k.data_as<Elem>(), cache_v.data_as<Elem>(),
+               sk, sv, dims.rows, heads, d, dims.cache_rows);
+  };
+  switch (cache_k.dtype()) {
+    case DType::kBF16:
+      launch(StoreBf16{});
+      break;
+    case DType::kF8E4M3:
+      launch(StoreFp8{});
+      break;
+    default:
+      launch(StoreF32{});
+      break;
   }
 }
 
-// See Backend::convert. f32 <-> bf16 by convert_kernel; equal dtypes copy.
+// See Backend::convert. f32 <-> bf16 by convert_kernel, f32 <-> fp8 (one scale
+// per row of the last dimension) by quantize_rows_fp8_kernel /
+// dequantize_fp8_kernel; equal dtypes copy (fp8: the scales too).
 void CudaBackend::convert(const Tensor& src, const Tensor& dst) {
   constexpr const char* kOp = "convert";
   check_on(*this, kOp, "src", src);
@@ -415,17 +467,47 @@ void CudaBackend::convert(const Tensor& src, const Tensor& dst) {
   if (src.shape() != dst.shape()) {
     fail("{}: src {} and dst {} must have the same shape", kOp, src.describe(), dst.describe());
   }
+  auto scales = [&](const char* name, const Tensor& t) {
+    if (t.scale_data() == nullptr)
+      fail("{}: {} {} is f8e4m3 without its per-row scales", kOp, name, t.describe());
+    return t.scales();
+  };
   if (src.dtype() == dst.dtype()) {
     copy(src, dst);
+    if (src.dtype() == DType::kF8E4M3) copy(scales("src", src), scales("dst", dst));
+    return;
+  }
+  const int64_t n = src.numel();
+  const bool fp8 = src.dtype() == DType::kF8E4M3 || dst.dtype() == DType::kF8E4M3;
+  if (fp8) {
+    const bool to_fp8 = src.dtype() == DType::kF32 && dst.dtype() == DType::kF8E4M3;
+    if (!to_fp8 && !(src.dtype() == DType::kF8E4M3 && dst.dtype() == DType::kF32)) {
+      fail("{}: no conversion from src {} to dst {} (f32 <-> bf16 and f32 <-> f8e4m3 only)", kOp,
+           src.describe(), dst.describe());
+    }
+    check_no_alias(kOp, "dst", dst, "src", src);
+    const Tensor sc = scales(to_fp8 ? "dst" : "src", to_fp8 ? dst : src);
+    const int64_t rows = sc.numel();
+    if (n == 0 || rows == 0) return;
+    const int64_t d = n / rows;
+    OpTimer timer(*this, "convert");
+    if (to_fp8) {
+      launch_pdl(quantize_rows_fp8_kernel, grid_for(rows, kWarps), kThreads, 0, stream(),
+                 "quantize_rows_fp8_kernel", src.data_as<const float>(), dst.data_as<uint8_t>(),
+                 sc.data_as<float>(), rows, d);
+    } else {
+      launch_pdl(dequantize_fp8_kernel, grid_for(n, kThreads), kThreads, 0, stream(),
+                 "dequantize_fp8_kernel", src.data_as<const uint8_t>(), sc.data_as<const float>(),
+                 dst.data_as<float>(), n, d);
+    }
     return;
   }
   const bool to_bf16 = src.dtype() == DType::kF32 && dst.dtype() == DType::kBF16;
   if (!to_bf16 && !(src.dtype() == DType::kBF16 && dst.dtype() == DType::kF32)) {
-    fail("{}: no conversion from src {} to dst {} (f32 <-> bf16 only)", kOp, src.describe(),
-         dst.describe());
+    fail("{}: no conversion from src {} to dst {} (f32 <-> bf16 and f32 <-> f8e4m3 only)", kOp,
+         src.describe(), dst.describe());
   }
   check_no_alias(kOp, "dst", dst, "src", src);
-  const int64_t n = src.numel();
   if (n == 0) return;
   OpTimer timer(*this, "convert");
   launch_pdl(to_bf16 ? convert_kernel<true> : convert_kernel<false>, grid_for(n, kThreads),
@@ -561,9 +643,10 @@ void CudaBackend::attention_inputs(const AttentionInputsParams& p) {
     a.k_norm = p.k_norm.data();
     a.v = p.v.data_as<float>();
   }
-  // A bf16 cache: the kernel finishes the rows, then store_kv rounds them into
-  // the cache (the same bits as the composition: store_kv of the finished rows).
-  const bool bf16_cache = dims.has_cache && p.cache_k.dtype() == DType::kBF16;
+  // A bf16 or fp8 cache: the kernel finishes the rows, then store_kv rounds
+  // them into the cache (the same bits as the composition: store_kv of the
+  // finished rows).
+  const bool bf16_cache = dims.has_cache && p.cache_k.dtype() != DType::kF32;
   if (dims.has_cache && !bf16_cache) {
     a.cache_k = p.cache_k.data_as<float>();
     a.cache_v = p.cache_v.data_as<float>();

@@ -196,8 +196,10 @@ void Gemma4Model::init_after_weights(const LoadOptions& options) {
   // bf16 (the rule of fast_prefill()), f32 otherwise, so the f32 golden fixtures
   // keep their exact f32 forward. Every CUDA attention path reads bf16 caches.
   kv_spec_.dtype = options.kv_dtype.value_or(fast_prefill_ ? DType::kBF16 : DType::kF32);
-  if (kv_spec_.dtype != DType::kF32 && kv_spec_.dtype != DType::kBF16) {
-    fail("{}: KV cache dtype {} is not supported (f32 or bf16)", path_, dtype_name(kv_spec_.dtype));
+  if (kv_spec_.dtype != DType::kF32 && kv_spec_.dtype != DType::kBF16 &&
+      kv_spec_.dtype != DType::kF8E4M3) {
+    fail("{}: KV cache dtype {} is not supported (f32, bf16 or f8e4m3)", path_,
+         dtype_name(kv_spec_.dtype));
   }
   for (const LayerSpec& l : c.layers) {
     KvLayerSpec s;
@@ -404,19 +406,29 @@ const ForwardOutput& Gemma4Model::stage(std::span<const ForwardRow> rows,
       if (!p.gather) continue;
       const int64_t from = std::max<int64_t>(0, p.pos0 - c.sliding_window + 1);
       const int64_t rows_needed = p.pos0 - from + p.n;
-      int64_t width = 0;  // kv heads × head dim, widest sliding layer
+      int64_t width = 0;     // kv heads × head dim, widest sliding layer
+      int64_t kv_heads = 0;  // most kv heads of a sliding layer (fp8: scales a row)
       for (const LayerSpec& ls : c.layers) {
-        if (!ls.kv_shared && ls.type == LayerType::kSliding)
+        if (!ls.kv_shared && ls.type == LayerType::kSliding) {
           width = std::max<int64_t>(width, int64_t{ls.n_kv_heads} * ls.head_dim);
+          kv_heads = std::max<int64_t>(kv_heads, ls.n_kv_heads);
+        }
       }
       // In the cache's dtype: the gathered window and the new rows (rounded as
       // the cache rounds them) are what a decode step would read in place.
+      // fp8 blocks carry one scale per (row, kv head), as the cache does.
       const DType kv_dtype = kv_spec_.dtype;
-      p.gather_k = a.alloc(kv_dtype, {rows_needed * width});
-      p.gather_v = a.alloc(kv_dtype, {rows_needed * width});
+      auto block = [&]() {
+        Tensor t = a.alloc(kv_dtype, {rows_needed * width});
+        if (kv_dtype != DType::kF8E4M3) return t;
+        const Tensor scales = a.alloc(DType::kF32, {rows_needed * kv_heads});
+        return t.with_scales(scales.data_as<const float>());
+      };
+      p.gather_k = block();
+      p.gather_v = block();
       if (c.sliding_donor >= 0 && c.first_shared_layer < L) {
-        p.donor_gather_k = a.alloc(kv_dtype, {rows_needed * width});
-        p.donor_gather_v = a.alloc(kv_dtype, {rows_needed * width});
+        p.donor_gather_k = block();
+        p.donor_gather_v = block();
       }
     }
   };
@@ -739,10 +751,14 @@ bool Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
         p.attn_pos0[li] = from;
         const bool donor = l == c.sliding_donor && c.first_shared_layer < c.num_hidden_layers;
         const Shape shape{old + p.n, KV, D};
-        Tensor gk =
-            (donor ? p.donor_gather_k : p.gather_k).slice_rows(0, shape.numel()).reshape(shape);
-        Tensor gv =
-            (donor ? p.donor_gather_v : p.gather_v).slice_rows(0, shape.numel()).reshape(shape);
+        // The flat block viewed as [rows, KV, D]; an fp8 block's scales (one
+        // per (row, kv head), from its start) come along.
+        auto view = [&](const Tensor& flat) {
+          Tensor t = flat.slice_rows(0, shape.numel()).reshape(shape);
+          return flat.scale_data() ? t.with_scales(flat.scale_data()) : t;
+        };
+        Tensor gk = view(donor ? p.donor_gather_k : p.gather_k);
+        Tensor gv = view(donor ? p.donor_gather_v : p.gather_v);
         if (old > 0) kv.read_ring(l, from, p.pos0, gk.slice_rows(0, old), gv.slice_rows(0, old));
         be.convert(k_new, gk.slice_rows(old, old + p.n));
         be.convert(v_new, gv.slice_rows(old, old + p.n));

@@ -88,7 +88,8 @@ struct LoadOptions {
   // Refuse weights holding NaN or infinity at load, naming the tensor (one read
   // of every weight, as it is uploaded; see place_weights). Off skips the read.
   bool scan_weights = true;
-  // Element type of the KV cache (KvCacheSpec::dtype): f32 or bf16. Unset: bf16
+  // Element type of the KV cache (KvCacheSpec::dtype): f32, bf16 or f8e4m3
+  // (one f32 scale per (token, kv head); never the default). Unset: bf16
   // for a checkpoint whose product weights are all bf16, f32 otherwise (the f32
   // golden fixtures keep exact parity with transformers).
   std::optional<DType> kv_dtype;
