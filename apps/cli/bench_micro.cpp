@@ -48,8 +48,10 @@ double copy_bandwidth(Backend& be, int64_t bytes, int reps) {
   return best;
 }
 
-// bf16 matrix peak through backend.linear: y f32 [S, S] = x f32 [S, S] · w bf16 [S, S]ᵀ,
-// 2·S³ flops per call. Best of 5 rounds of 3 calls after a warm-up.
+// bf16 matrix peak through backend.linear_prefill (the GEMM path prefill takes;
+// linear() keeps its batch-invariant kernels at every M): y f32 [S, S] =
+// x f32 [S, S] · w bf16 [S, S]ᵀ, 2·S³ flops per call. Best of 5 rounds of 3
+// calls after a warm-up.
 double matrix_peak(Backend& be, int64_t s) {
   DeviceBuffer xb(be, static_cast<size_t>(s * s) * 4), wb(be, static_cast<size_t>(s * s) * 2),
       yb(be, static_cast<size_t>(s * s) * 4);
@@ -58,11 +60,11 @@ double matrix_peak(Backend& be, int64_t s) {
   const Tensor y = yb.view(DType::kF32, {s, s});
   be.fill_uniform(x, 11, -1.0f, 1.0f);
   be.fill_uniform(w, 12, -0.05f, 0.05f);
-  for (int i = 0; i < 2; ++i) be.linear(x, w, y);
+  for (int i = 0; i < 2; ++i) be.linear_prefill(x, w, y);
   double best = 0;
   for (int round = 0; round < 5; ++round) {
     const double t = timed(be, [&] {
-      for (int i = 0; i < 3; ++i) be.linear(x, w, y);
+      for (int i = 0; i < 3; ++i) be.linear_prefill(x, w, y);
     });
     best = std::max(best, 2.0 * static_cast<double>(s) * s * s * 3 / t);
   }
@@ -265,7 +267,7 @@ struct MicroRunner {
                  be.name(), m.model_dir, a.seed, model.weight_bytes() / 1e9);
       fmt::print("copy bandwidth   {:>9.1f} GB/s     (2 x {} MiB / time: read + write)\n",
                  copy_bps / 1e9, a.copy_mib);
-      fmt::print("bf16 matrix peak {0:>9.4g} TFLOP/s  (linear f32[{1},{1}] x bf16[{1},{1}]^T)\n",
+      fmt::print("bf16 matrix peak {0:>9.4g} TFLOP/s  (linear_prefill f32[{1},{1}] x bf16[{1},{1}]^T)\n",
                  peak / 1e12, a.peak_size);
       fmt::print("\ndecode, context {} per row (median of {}; steps {}):\n", a.context, a.reps,
                  model.graphs_enabled() && be.supports_graphs() ? "replayed as CUDA graphs"

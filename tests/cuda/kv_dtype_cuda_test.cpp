@@ -409,6 +409,36 @@ void expect_same_fp8(const Fp8Twin& t, const Tensor& want, const char* what) {
       << what << " (scales)";
 }
 
+// An fp8 cache the GPU filled from its own f32 rows against the CPU's from
+// its rows: those rows may differ in the last f32 bit (the GPU's rsqrt and
+// RoPE are not the CPU's), which moves a scale by an ulp and can move a code
+// across a rounding boundary, so this compares values: every scale within
+// 1e-5 relative, and every dequantized element within one e4m3 step of the
+// row's top binade (32 · scale).
+void expect_fp8_close(const Fp8Twin& t, const Tensor& want, const char* what) {
+  const HostTensor codes = t.q.pull();
+  const HostTensor scales = t.scales.pull();
+  const Shape shape = codes.shape();
+  HostTensor got_f(DType::kF32, shape), want_f(DType::kF32, shape);
+  cpu_be().convert(codes.view().with_scales(scales.data<float>()), got_f);
+  cpu_be().convert(want, want_f);
+  const int64_t rows = scales.numel();
+  const int64_t d = codes.numel() / rows;
+  int64_t moved = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float ws = want.scale_data()[r];
+    const float gs = scales.data<float>()[r];
+    ASSERT_LE(std::abs(gs - ws), 1e-5f * ws) << what << ": scale of row " << r;
+    for (int64_t i = r * d; i < (r + 1) * d; ++i) {
+      const float g = got_f.data<float>()[i], w = want_f.data<float>()[i];
+      ASSERT_LE(std::abs(g - w), 32.0f * ws * (1.0f + 1e-5f)) << what << ": element " << i;
+      moved += g != w;
+    }
+  }
+  std::printf("[ cuda kv fp8 ] %s: %lld of %lld elements differ (at most one step)\n", what,
+              static_cast<long long>(moved), static_cast<long long>(codes.numel()));
+}
+
 TEST(CudaKvFp8, StoreKvAndConvertQuantizeLikeTheCpu) {
   SKIP_WITHOUT_CUDA();
   constexpr int64_t N = 5, KV = 2, D = 12, R = 8;
@@ -563,8 +593,8 @@ TEST(CudaKvFp8, FusedDecodeKernelEqualsTheTwoOps) {
     expect_same_bits(fused, two, "fused vs attention_inputs + attention");
     expect_same_fp8(fk, tk.q.pull().view().with_scales(tk.scales.pull().data<float>()),
                     "fused cache_k");
-    expect_same_fp8(fk, hk.host(), "fused cache_k vs the CPU's");
-    expect_same_fp8(fv, hv.host(), "fused cache_v vs the CPU's");
+    expect_fp8_close(fk, hk.host(), "fused cache_k vs the CPU's");
+    expect_fp8_close(fv, hv.host(), "fused cache_v vs the CPU's");
     expect_close(fused, host, kAttentionTol, what.c_str());
   }
 }

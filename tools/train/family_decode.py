@@ -136,6 +136,22 @@ def repeats_a_line(text, times=3):
     return False
 
 
+def periodic_mask(gen, max_period=16, min_run=6):
+    """1 for each token of `gen` that extends a token-level loop: for some period p <= max_period,
+    the last r tokens each equal the token p before them, with r >= max(2p, min_run) (three
+    copies of the repeating unit, at least min_run + p tokens in all): "token_token_token_",
+    "filepath : filepath : filepath :", a row of one token. Catches the loops that stay inside
+    one line, which the line rule cannot see."""
+    mask = [0] * len(gen)
+    runs = [0] * (max_period + 1)
+    for t in range(len(gen)):
+        for p in range(1, max_period + 1):
+            runs[p] = runs[p] + 1 if t >= p and gen[t] == gen[t - p] else 0
+            if runs[p] >= max(2 * p, min_run):
+                mask[t] = 1
+    return mask
+
+
 def loop_check(target, tok, prompts, max_new, device, eos):
     """Greedy continuations of `prompts` (token lists) and how many contain no line repeated
     three times in a row (the text after the prompt, cut at the first <eos>)."""
@@ -146,5 +162,10 @@ def loop_check(target, tok, prompts, max_new, device, eos):
             g = g[:g.index(eos)]
         texts.append(tok.decode(g, skip_special_tokens=False))
     clean = [not repeats_a_line(t) for t in texts]
+    # Loops inside a line (which the line rule cannot see), counted beside it.
+    no_token_loop = [not any(periodic_mask(g[:g.index(eos)] if eos in g else g)) for g in gens]
+    both = [a and b for a, b in zip(clean, no_token_loop)]
     return dict(prompts=len(prompts), new_tokens=max_new, without_triple_line=sum(clean),
-                fraction=sum(clean) / max(len(clean), 1), examples=[t for t, c in zip(texts, clean) if not c][:3])
+                fraction=sum(clean) / max(len(clean), 1), without_token_loop=sum(no_token_loop),
+                without_either=sum(both), examples=[t for t, c in zip(texts, clean) if not c][:3],
+                token_loop_examples=[t for t, c in zip(texts, no_token_loop) if not c][:3])

@@ -175,9 +175,14 @@ def unlikelihood_text(tt):
 def loops_text(loops):
     if not loops:
         return []
+    extra = ""
+    if "without_token_loop" in loops:
+        extra = (f" Loops inside a line (a unit of at most 16 tokens repeated three times, for at least 6 tokens) "
+                 f"are counted too: {loops['without_token_loop']} of {loops['prompts']} continuations have none, "
+                 f"{loops['without_either']} have neither kind.")
     return [f"**Loop check:** {loops['without_triple_line']} of {loops['prompts']} held-out prompts "
             f"({100 * loops['fraction']:.0f}%) get {loops['new_tokens']} greedy tokens with no line repeated "
-            "three times in a row.", ""]
+            "three times in a row." + extra, ""]
 
 
 def model_card(res):

@@ -9,7 +9,10 @@ line twice in a row. Each step:
      check's shape) by `--loop-new` tokens with the current weights (eval mode, no dropout);
   2. marks the tokens of every continuation line that equals the line before it (trailing
      whitespace ignored): a non-blank line from its second copy on, a blank line from its third
-     (PEP 8 puts two blank lines between top-level definitions);
+     (PEP 8 puts two blank lines between top-level definitions); and the tokens that extend a
+     token-level loop inside a line (periodic_mask). A first run with the line rule alone
+     (2026-12-04) moved the loops inside lines ("token_token_token_...", "filepath : filepath :
+     ..."): the loop check passed 63/64 while the output got no better;
   3. loss = MLE on a train.txt batch + ul_weight * mean over the marked tokens of
      -log(1 - p(token | its prefix)).
 Only training text is used: the loop check's prompts come from the held-out split.
@@ -18,10 +21,9 @@ Only training text is used: the loop check's prompts come from the held-out spli
 import time
 
 import torch
-import torch.nn.functional as F
 
 from family_common import BOS, CTX, log
-from family_decode import greedy_decode
+from family_decode import greedy_decode, periodic_mask
 from family_models import add_dropout_hooks, lm_loss, softcap
 
 
@@ -52,6 +54,12 @@ def repeated_line_mask(tok, gen):
         mask.append(1 if end > begin and any(marked[begin:end]) else 0)
         begin = end
     return mask
+
+
+def degenerate_mask(tok, gen):
+    """The tokens the fine-tune penalises: repeated lines (repeated_line_mask) or token-level
+    loops (periodic_mask)."""
+    return [a | b for a, b in zip(repeated_line_mask(tok, gen), periodic_mask(gen))]
 
 
 def unlikelihood_term(model, seqs, masks, device):
@@ -99,7 +107,7 @@ def train_unlikelihood(model, train_stream, tok, budget, args, device, eos):
         seqs, masks, looped = [], [], 0
         for p, g in zip(prompts, gens):
             cut = g.index(eos) if eos in g else len(g)
-            m = repeated_line_mask(tok, g[:cut]) + [0] * (len(g) - cut)
+            m = degenerate_mask(tok, g[:cut]) + [0] * (len(g) - cut)
             looped += int(any(m))
             seqs.append(p + g)
             masks.append([0] * len(p) + m)
@@ -139,4 +147,5 @@ def train_unlikelihood(model, train_stream, tok, budget, args, device, eos):
                 batch_generated=args.ul_batch, batch_mle=args.batch, new_tokens=args.loop_new,
                 looped_rows=looped_rows, rows=total_rows, marked_tokens=marked_total, history=history,
                 rule="tokens of a continuation line equal to the line before it (non-blank: 2nd copy on; "
-                     "blank: 3rd copy on), penalised by -log(1 - p); plus MLE on train.txt each step")
+                     "blank: 3rd copy on) and tokens that extend a token-level loop (period p <= 16 "
+                     "tokens repeated for max(2p, 6) tokens)")

@@ -279,7 +279,8 @@ def main():
     held_ce_per_char = held_ce * streams["heldout"].numel() / held_chars
     loops = loop_check(target, tok, loop_prompts, args.loop_new, device, EOS)
     log(f"loop check: {loops['without_triple_line']}/{loops['prompts']} continuations without a line repeated "
-        f"three times in a row")
+        f"three times in a row; {loops['without_token_loop']} without a token-level loop; "
+        f"{loops['without_either']} without either")
     with open(os.path.join(tdir, "config.json")) as fcfg:
         tcfg_json = json.load(fcfg)
     res["target"] = dict(params=n_params_t, training=training, heldout_ce=held_ce, valid_ce=valid_ce,

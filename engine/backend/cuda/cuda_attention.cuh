@@ -171,7 +171,7 @@ __device__ inline void stage_row(float* dst, const uint16_t* src, const AttnGeom
 __device__ inline void stage_row_fp8(float* dst, const uint8_t* src, float scale, const AttnGeom& g,
                                      int lane) {
   for (int i = lane; i < g.d; i += 32)
-    dst[i] = __fmul_rn(e4m3_bits_to_f32(load_act(src + i)), scale);
+    dst[i] = e4m3_dequant(load_act(src + i), scale);
   for (int i = g.d + lane; i < (g.d + 3) / 4 * 4; i += 32) dst[i] = 0.0f;
 }
 

@@ -79,7 +79,7 @@ __device__ inline void write_value_row(const float (&vals)[kPer], float inv, int
       const int c = lane + 32 * i;
       if (c < d) {
         const uint8_t code = kv_e4m3_encode_dev(fin[i], scale);
-        if (smem != nullptr) smem[c] = __fmul_rn(e4m3_bits_to_f32(code), scale);
+        if (smem != nullptr) smem[c] = e4m3_dequant(code, scale);
         if (cache != nullptr) cache[c] = code;
       }
     }
@@ -123,7 +123,7 @@ __device__ inline void write_key_row(const float (&vals)[kPer], float inv, bool 
       const int c = lane + 32 * i;
       if (c < d) {
         const uint8_t code = kv_e4m3_encode_dev(fin[i], scale);
-        row[c] = __fmul_rn(e4m3_bits_to_f32(code), scale);
+        row[c] = e4m3_dequant(code, scale);
         if (cache != nullptr) cache[c] = code;
       }
     }

@@ -164,8 +164,8 @@ __global__ void widen_kv_fp8_kernel(const uint8_t* k, const uint8_t* v, const fl
                                     float* __restrict__ vf, int64_t n, int64_t d) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    kf[i] = __fmul_rn(e4m3_bits_to_f32(load_act(k + i)), load_act(k_scales + i / d));
-    vf[i] = __fmul_rn(e4m3_bits_to_f32(load_act(v + i)), load_act(v_scales + i / d));
+    kf[i] = e4m3_dequant(load_act(k + i), load_act(k_scales + i / d));
+    vf[i] = e4m3_dequant(load_act(v + i), load_act(v_scales + i / d));
   }
 }
 

@@ -5,12 +5,13 @@
 // reaches it through make_cuda_backend() and the Backend interface.
 //
 // Numerics: activations f32, weights f32|bf16|f16, f32 accumulation.
-// Batch invariance (what lossless speculation needs): for products with at most
-// kInvariantRows rows and for attention, a row's result depends only on its own
-// inputs: the reduction order is fixed by the kernel, never by M or by a
-// heuristic. Larger products of bf16 weights (prefill) go through cuBLASLt on bf16
-// copies of the activations; f32|f16 weights stay on the invariant kernel in
-// linear() (exact f32), and only linear_prefill() rounds them.
+// Batch invariance (what lossless speculation needs): for every product of
+// linear(), linear_multi() and linear_gelu_mul(), and for attention, a row's
+// result depends only on its own inputs: the reduction order is fixed by the
+// kernel, never by M or by a heuristic (bf16 products of more than
+// kInvariantRows rows run in chunks of kInvariantRows). Only linear_prefill()
+// past kPrefillGemmRows rows (prefill) goes through cuBLASLt on bf16 copies of
+// the activations (and of f32|f16 weights).
 //
 // Streams: every op is queued on one stream (stream()); upload/download
 // synchronise it, upload_async does not (it stages the bytes in pinned memory). Ops never allocate:

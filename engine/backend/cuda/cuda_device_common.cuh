@@ -83,6 +83,14 @@ __device__ __forceinline__ float e4m3_bits_to_f32(uint32_t code) {
   }
   return (code & 0x80u) ? -magnitude : magnitude;
 }
+// One cached fp8 element dequantized: e4m3(code) · scale (one f32 product), as
+// the CPU computes it. A NaN code gives the decoded NaN itself (sign and
+// payload): the CPU's product passes a NaN operand through, whereas the GPU's
+// multiply would return its canonical NaN, other bits.
+__device__ __forceinline__ float e4m3_dequant(uint32_t code, float scale) {
+  const float v = e4m3_bits_to_f32(code);
+  return v != v ? v : __fmul_rn(v, scale);
+}
 // kv_e4m3_scale: amax / 448 (IEEE division), 1 unless positive.
 __device__ __forceinline__ float kv_e4m3_scale_dev(float amax) {
   const float scale = __fdiv_rn(amax, 448.0f);

@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kThreads)
   pdl_enter();
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    dst[i] = __fmul_rn(e4m3_bits_to_f32(load_act(src + i)), load_act(scale + i / d));
+    dst[i] = e4m3_dequant(load_act(src + i), load_act(scale + i / d));
   }
 }
 
