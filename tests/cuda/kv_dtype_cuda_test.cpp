@@ -285,9 +285,10 @@ TEST(CudaKvDtype, Bf16AttentionIsBatchInvariant) {
 
 using testing::greedy_requests;
 
-gemma4::LoadOptions cuda_bf16_kv() {
+// Load options for CUDA with a cache of dtype `dt`.
+gemma4::LoadOptions cuda_kv(DType dt) {
   gemma4::LoadOptions o = on_cuda();
-  o.kv_dtype = DType::kBF16;
+  o.kv_dtype = dt;
   return o;
 }
 
@@ -295,14 +296,20 @@ struct Pair {
   const char* target;
   const char* drafter;
 };
-class CudaKvDtypeSpeculation : public ::testing::TestWithParam<Pair> {};
+struct SpeculationCase {
+  Pair pair;
+  DType kv;
+};
+class CudaKvDtypeSpeculation : public ::testing::TestWithParam<SpeculationCase> {};
 
+// Greedy output with and without the fixture's assistant is identical over a
+// bf16 or fp8 cache (f32 fixtures with their cache dtype overridden).
 TEST_P(CudaKvDtypeSpeculation, GreedyOutputIdenticalWithAndWithoutDrafter) {
   SKIP_WITHOUT_CUDA();
-  const Pair c = GetParam();
+  const auto [c, kv] = GetParam();
   if (!have(c.target) || !have(c.drafter)) GTEST_SKIP() << "fixtures missing";
-  auto target = gemma4::Gemma4Model::load(golden(c.target), cuda_bf16_kv());
-  ASSERT_EQ(target->kv_spec().dtype, DType::kBF16);
+  auto target = gemma4::Gemma4Model::load(golden(c.target), cuda_kv(kv));
+  ASSERT_EQ(target->kv_spec().dtype, kv);
   auto drafter =
       assistant::AssistantModel::load(golden(c.drafter), target->config(), target->backend());
   assistant::AssistantDrafter source(*target, *drafter);
@@ -310,14 +317,21 @@ TEST_P(CudaKvDtypeSpeculation, GreedyOutputIdenticalWithAndWithoutDrafter) {
   for (int batch : {1, 3, 8}) {
     auto reqs = greedy_requests(batch, vocab, 24);
     const auto plain = speculative::decode(*target, nullptr, reqs, {});
-    expect_speculation_matches_plain(*target, source, reqs, plain, {1, 2, 4, 8},
-                                     std::string(c.target) + ", bf16 cache");
+    expect_speculation_matches_plain(
+        *target, source, reqs, plain, {1, 2, 4, 8},
+        std::string(c.target) + ", " + std::string(dtype_name(kv)) + " cache");
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaKvDtypeSpeculation,
-                         ::testing::Values(Pair{"e2b_like", "e2b_like_assistant"},
-                                           Pair{"dense_kev", "dense_kev_assistant"}));
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, CudaKvDtypeSpeculation,
+    ::testing::Values(SpeculationCase{{"e2b_like", "e2b_like_assistant"}, DType::kBF16},
+                      SpeculationCase{{"dense_kev", "dense_kev_assistant"}, DType::kBF16},
+                      SpeculationCase{{"e2b_like", "e2b_like_assistant"}, DType::kF8E4M3},
+                      SpeculationCase{{"dense_kev", "dense_kev_assistant"}, DType::kF8E4M3}),
+    [](const ::testing::TestParamInfo<SpeculationCase>& info) {
+      return std::string(info.param.pair.target) + "_" + std::string(dtype_name(info.param.kv));
+    });
 
 // The embedded family (bf16 weights: a bf16 cache by default) on CUDA:
 // speculation matches plain decoding, and prefill logits over a bf16 cache
@@ -733,43 +747,13 @@ TEST(CudaKvFp8, AttentionIsBatchInvariant) {
   }
 }
 
-gemma4::LoadOptions cuda_fp8_kv() {
-  gemma4::LoadOptions o = on_cuda();
-  o.kv_dtype = DType::kF8E4M3;
-  return o;
-}
-
-class CudaKvFp8Speculation : public ::testing::TestWithParam<Pair> {};
-
-TEST_P(CudaKvFp8Speculation, GreedyOutputIdenticalWithAndWithoutDrafter) {
-  SKIP_WITHOUT_CUDA();
-  const Pair c = GetParam();
-  if (!have(c.target) || !have(c.drafter)) GTEST_SKIP() << "fixtures missing";
-  auto target = gemma4::Gemma4Model::load(golden(c.target), cuda_fp8_kv());
-  ASSERT_EQ(target->kv_spec().dtype, DType::kF8E4M3);
-  auto drafter =
-      assistant::AssistantModel::load(golden(c.drafter), target->config(), target->backend());
-  assistant::AssistantDrafter source(*target, *drafter);
-  const int vocab = target->config().vocab_size;
-  for (int batch : {1, 3, 8}) {
-    auto reqs = greedy_requests(batch, vocab, 24);
-    const auto plain = speculative::decode(*target, nullptr, reqs, {});
-    expect_speculation_matches_plain(*target, source, reqs, plain, {1, 2, 4, 8},
-                                     std::string(c.target) + ", fp8 cache");
-  }
-}
-
-INSTANTIATE_TEST_SUITE_P(Fixtures, CudaKvFp8Speculation,
-                         ::testing::Values(Pair{"e2b_like", "e2b_like_assistant"},
-                                           Pair{"dense_kev", "dense_kev_assistant"}));
-
 // The embedded family with an fp8 cache on CUDA: prefill and decode logits
 // match the CPU's over its fp8 cache, and speculation matches plain decoding.
 TEST(CudaKvFp8Embedded, SpeculationMatchesPlainAndLogitsMatchTheCpu) {
   SKIP_WITHOUT_CUDA();
   const std::string dir = std::string(SPECULA_SOURCE_DIR) + "/models/gemma4-tiny-py";
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP();
-  auto gpu = gemma4::Gemma4Model::load(dir, cuda_fp8_kv());
+  auto gpu = gemma4::Gemma4Model::load(dir, cuda_kv(DType::kF8E4M3));
   gemma4::LoadOptions host;
   host.kv_dtype = DType::kF8E4M3;
   auto cpu = gemma4::Gemma4Model::load(dir, host);

@@ -19,10 +19,15 @@
 #include "engine/io/safetensors.h"
 #include "engine/kv/kv_cache.h"
 #include "engine/speculative/decoder.h"
+#include "tests/unit/kv_model_util.h"
 #include "tests/unit/model/golden_util.h"
 
 namespace specula {
 namespace {
+
+using testing::load_with;
+using testing::models_dir;
+using testing::prompt_logits;
 
 Backend& cpu() {
   return backend_for(Device::cpu());
@@ -191,41 +196,6 @@ TEST(KvDtype, AttentionOverBf16EqualsAttentionOverItsWidening) {
 
 // ---- models ----
 
-std::string models_dir() {
-  return std::string(SPECULA_SOURCE_DIR) + "/models";
-}
-
-std::unique_ptr<gemma4::Gemma4Model> load_with(const std::string& dir, std::optional<DType> dt) {
-  gemma4::LoadOptions o;
-  o.kv_dtype = dt;
-  return gemma4::Gemma4Model::load(dir, o);
-}
-
-// Logits of every position of a prompt prefilled in one forward, then of a
-// few single-token decode steps (so both the in-place and gathered cache
-// paths are read), f32 [n, V] rows concatenated.
-std::vector<float> prompt_logits(gemma4::Gemma4Model& m, const std::vector<int32_t>& ids,
-                                 int decode_steps) {
-  SequenceKv kv = m.new_sequence();
-  const int64_t V = m.config().vocab_size;
-  std::vector<float> all;
-  auto keep = [&](const Tensor& logits) {
-    const size_t n = static_cast<size_t>(logits.numel());
-    const size_t at = all.size();
-    all.resize(at + n);
-    m.backend().download(logits, all.data() + at);
-  };
-  const std::span<const int32_t> prompt(ids.data(), ids.size() - decode_steps);
-  const gemma4::ForwardRow row{.kv = &kv, .tokens = prompt, .all_logits = true};
-  keep(m.forward(std::span(&row, 1)).logits);
-  for (size_t i = prompt.size(); i < ids.size(); ++i) {
-    const gemma4::ForwardRow step{.kv = &kv, .tokens = std::span(&ids[i], 1)};
-    keep(m.forward(std::span(&step, 1)).logits);
-  }
-  EXPECT_EQ(static_cast<int64_t>(all.size()), static_cast<int64_t>(ids.size()) * V);
-  return all;
-}
-
 TEST(KvDtypeModel, DefaultFollowsTheCheckpointAndBf16LogitsStayClose) {
   struct Case {
     std::string dir;
@@ -266,12 +236,12 @@ TEST(KvDtypeModel, DefaultFollowsTheCheckpointAndBf16LogitsStayClose) {
   }
 }
 
-// Greedy output with and without speculation (the embedded assistant, k = 2
+// Greedy output with and without speculation (the embedded assistant, k = 1, 2
 // and 4) is identical, at each cache dtype.
 TEST(KvDtypeModel, GreedyOutputIsTheSameWithAndWithoutSpeculation) {
   if (!std::filesystem::exists(models_dir() + "/gemma4-tiny-py-assistant"))
     GTEST_SKIP() << "embedded family not present";
-  for (DType dt : {DType::kBF16, DType::kF32}) {
+  for (DType dt : {DType::kBF16, DType::kF32, DType::kF8E4M3}) {
     auto target = load_with(models_dir() + "/gemma4-tiny-py", dt);
     auto drafter = assistant::AssistantModel::load(models_dir() + "/gemma4-tiny-py-assistant",
                                                    target->config(), target->backend());
@@ -288,7 +258,7 @@ TEST(KvDtypeModel, GreedyOutputIsTheSameWithAndWithoutSpeculation) {
       reqs.push_back(r);
     }
     const auto plain = speculative::decode(*target, nullptr, reqs, {});
-    for (int k : {2, 4}) {
+    for (int k : {1, 2, 4}) {
       const auto specd = speculative::decode(*target, &assistant, reqs, {.draft_tokens = k});
       int64_t accepted = 0;
       for (size_t i = 0; i < reqs.size(); ++i) {

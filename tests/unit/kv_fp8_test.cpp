@@ -6,8 +6,9 @@
 // bits and scales, attention over an fp8 cache equals attention over the f32
 // cache holding its dequantized values bit for bit, the byte counts include
 // the scales, the logits of the golden fixtures stay within a measured bound
-// of an f32 cache's (printed, with the bf16 cache's beside them), and greedy
-// output with and without speculation is identical with an fp8 cache.
+// of an f32 cache's (printed, with the bf16 cache's beside them). Greedy output
+// with and without speculation over an fp8 cache: kv_dtype_test.cpp
+// (KvDtypeModel, every cache dtype).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,13 +19,16 @@
 #include <random>
 #include <vector>
 
-#include "engine/draft/assistant/assistant_drafter.h"
 #include "engine/kv/kv_cache.h"
-#include "engine/speculative/decoder.h"
+#include "tests/unit/kv_model_util.h"
 #include "tests/unit/model/golden_util.h"
 
 namespace specula {
 namespace {
+
+using testing::load_with;
+using testing::models_dir;
+using testing::prompt_logits;
 
 Backend& cpu() {
   return backend_for(Device::cpu());
@@ -333,38 +337,6 @@ TEST(KvFp8, AttentionOverFp8EqualsAttentionOverItsDequantization) {
 
 // ---- models ----
 
-std::string models_dir() {
-  return std::string(SPECULA_SOURCE_DIR) + "/models";
-}
-
-std::unique_ptr<gemma4::Gemma4Model> load_with(const std::string& dir, std::optional<DType> dt) {
-  gemma4::LoadOptions o;
-  o.kv_dtype = dt;
-  return gemma4::Gemma4Model::load(dir, o);
-}
-
-// Logits of every position of a prompt prefilled in one forward (the gathered
-// sliding path), then of single-token decode steps (the in-place path), f32
-// [n, V] rows concatenated.
-std::vector<float> prompt_logits(gemma4::Gemma4Model& m, const std::vector<int32_t>& ids,
-                                 int decode_steps) {
-  SequenceKv kv = m.new_sequence();
-  std::vector<float> all;
-  auto keep = [&](const Tensor& logits) {
-    const size_t at = all.size();
-    all.resize(at + static_cast<size_t>(logits.numel()));
-    m.backend().download(logits, all.data() + at);
-  };
-  const std::span<const int32_t> prompt(ids.data(), ids.size() - decode_steps);
-  const gemma4::ForwardRow row{.kv = &kv, .tokens = prompt, .all_logits = true};
-  keep(m.forward(std::span(&row, 1)).logits);
-  for (size_t i = prompt.size(); i < ids.size(); ++i) {
-    const gemma4::ForwardRow step{.kv = &kv, .tokens = std::span(&ids[i], 1)};
-    keep(m.forward(std::span(&step, 1)).logits);
-  }
-  return all;
-}
-
 // The measurement to quote: the worst relative error (max |Δ| / max |f32|) of
 // the logits with a bf16 and an fp8 cache against an f32 cache, on every
 // golden fixture and the embedded model (48 random tokens: 44 prefilled, 4
@@ -406,38 +378,6 @@ TEST(KvFp8Model, GoldenFixtureLogitsErrorOfBf16AndFp8CachesAgainstF32) {
     const bool trained = dir.find("gemma4-tiny-py") != std::string::npos;
     EXPECT_LT(err_fp8, trained ? 0.15 : 1.5) << dir;
     EXPECT_GT(err_fp8, 0.0) << dir << ": an fp8 cache that changes nothing stores no fp8";
-  }
-}
-
-// Greedy output with and without speculation (the embedded assistant, k = 1, 2
-// and 4) is identical with an fp8 cache.
-TEST(KvFp8Model, GreedyOutputIsTheSameWithAndWithoutSpeculation) {
-  if (!std::filesystem::exists(models_dir() + "/gemma4-tiny-py-assistant"))
-    GTEST_SKIP() << "embedded family not present";
-  auto target = load_with(models_dir() + "/gemma4-tiny-py", DType::kF8E4M3);
-  auto drafter = assistant::AssistantModel::load(models_dir() + "/gemma4-tiny-py-assistant",
-                                                 target->config(), target->backend());
-  assistant::AssistantDrafter assistant(*target, *drafter);
-  const int vocab = target->config().vocab_size;
-  std::vector<speculative::DecodeRequest> reqs;
-  std::mt19937 rng(9);
-  for (int len : {5, 23, 61}) {
-    speculative::DecodeRequest r;
-    for (int i = 0; i < len; ++i)
-      r.prompt.push_back(std::uniform_int_distribution<int>(3, vocab - 1)(rng));
-    r.params.temperature = 0;
-    r.params.max_tokens = 40;
-    reqs.push_back(r);
-  }
-  const auto plain = speculative::decode(*target, nullptr, reqs, {});
-  for (int k : {1, 2, 4}) {
-    const auto specd = speculative::decode(*target, &assistant, reqs, {.draft_tokens = k});
-    int64_t accepted = 0;
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      EXPECT_EQ(specd[i].tokens, plain[i].tokens) << "k " << k << " request " << i;
-      accepted += specd[i].stats.accepted;
-    }
-    EXPECT_GT(accepted, 0) << "k " << k;
   }
 }
 

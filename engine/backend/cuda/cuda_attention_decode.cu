@@ -55,6 +55,26 @@ __device__ inline float warp_row_fp8_scale(const float (&fin)[kPer], int d, int 
   return kv_e4m3_scale_dev(amax);
 }
 
+// fp8: a finished row held by a warp (element lane + 32·i in fin[i]) quantized
+// as kv_e4m3_quantize_row does: its codes to cache and its scale to
+// *cache_scale (unless null), the dequantized values to staged (unless null),
+// the values attention then reads.
+template <int kPer>
+__device__ inline void quantize_row_fp8(const float (&fin)[kPer], int d, int lane, float* staged,
+                                        uint8_t* cache, float* cache_scale) {
+  const float scale = warp_row_fp8_scale(fin, d, lane);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int c = lane + 32 * i;
+    if (c < d) {
+      const uint8_t code = kv_e4m3_encode_dev(fin[i], scale);
+      if (staged != nullptr) staged[c] = e4m3_dequant(code, scale);
+      if (cache != nullptr) cache[c] = code;
+    }
+  }
+  if (cache != nullptr && lane == 0) *cache_scale = scale;
+}
+
 // The finished v row (vals · inv, weightless) of a new position into smem (the
 // staged V row, or null) and cache (its cache row, or null), not both null.
 // f32: write_plain_norm as before; bf16: each element rounded once, the cache
@@ -73,17 +93,7 @@ __device__ inline void write_value_row(const float (&vals)[kPer], float inv, int
     float fin[kPer];
 #pragma unroll
     for (int i = 0; i < kPer; ++i) fin[i] = rms_apply_loaded(vals[i], inv, false, 0.0f);
-    const float scale = warp_row_fp8_scale(fin, d, lane);
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int c = lane + 32 * i;
-      if (c < d) {
-        const uint8_t code = kv_e4m3_encode_dev(fin[i], scale);
-        if (smem != nullptr) smem[c] = e4m3_dequant(code, scale);
-        if (cache != nullptr) cache[c] = code;
-      }
-    }
-    if (cache != nullptr && lane == 0) *cache_scale = scale;
+    quantize_row_fp8(fin, d, lane, smem, cache, cache_scale);
   } else {
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
@@ -117,17 +127,7 @@ __device__ inline void write_key_row(const float (&vals)[kPer], float inv, bool 
     float fin[kPer];
 #pragma unroll
     for (int i = 0; i < kPer; ++i) fin[i] = lane + 32 * i < d ? row[lane + 32 * i] : 0.0f;
-    const float scale = warp_row_fp8_scale(fin, d, lane);
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const int c = lane + 32 * i;
-      if (c < d) {
-        const uint8_t code = kv_e4m3_encode_dev(fin[i], scale);
-        row[c] = e4m3_dequant(code, scale);
-        if (cache != nullptr) cache[c] = code;
-      }
-    }
-    if (cache != nullptr && lane == 0) *cache_scale = scale;
+    quantize_row_fp8(fin, d, lane, row, cache, cache_scale);
     __syncwarp();  // the row is read by other lanes only after the block barrier
   } else {
     write_norm_rope(vals, inv, has_weight, weight_at, d, lane, row, position, freq_at, nullptr,

@@ -8,6 +8,7 @@
 #include <climits>
 
 #include "engine/backend/cuda/cuda_backend.h"
+#include "engine/backend/cuda/cuda_device_common.cuh"
 
 namespace specula::cuda {
 namespace {
@@ -24,17 +25,7 @@ __device__ __forceinline__ float decode(uint32_t code) {
   if constexpr (kDt == DType::kI8) {
     return static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(code)));
   } else {
-    const uint32_t exponent = (code >> 3) & 0xfu;
-    const uint32_t mantissa = code & 0x7u;
-    float magnitude;
-    if (exponent == 0xfu && mantissa == 0x7u) {
-      magnitude = __uint_as_float(0x7fc00000u);
-    } else if (exponent == 0) {
-      magnitude = __fmul_rn(static_cast<float>(mantissa), 0x1p-9f);
-    } else {
-      magnitude = __uint_as_float(((exponent + 120u) << 23) | (mantissa << 20));
-    }
-    return (code & 0x80u) ? -magnitude : magnitude;
+    return e4m3_bits_to_f32(code);
   }
 }
 
