@@ -27,6 +27,38 @@ from family_decode import greedy_decode, periodic_mask
 from family_models import add_dropout_hooks, lm_loss, softcap
 
 
+@torch.no_grad()
+def greedy_decode_cached(model, prompts, max_new, device):
+    """greedy_decode (family_decode.py) through transformers' KV cache: one forward over the prompts
+    (rows of equal length), then one token a step. Same tokens up to fp32 rounding between the two
+    attention paths; train_unlikelihood checks that before it relies on it."""
+    x = torch.tensor(prompts, dtype=torch.long, device=device)
+    out = model(input_ids=x, use_cache=True)
+    nxt = out.logits[:, -1].argmax(-1)
+    steps = [nxt]
+    for _ in range(max_new - 1):
+        out = model(input_ids=nxt[:, None], past_key_values=out.past_key_values, use_cache=True)
+        nxt = out.logits[:, -1].argmax(-1)
+        steps.append(nxt)
+    return torch.stack(steps, 1).tolist()
+
+
+def pick_generator(model, prompts, max_new, device):
+    """greedy_decode_cached when it gives greedy_decode's tokens on these prompts (at least 7 of
+    every 8 rows equal: a row may part at a near tie), else greedy_decode; and the check's counts."""
+    want = greedy_decode(model, prompts, max_new, device)
+    try:
+        got = greedy_decode_cached(model, prompts, max_new, device)
+    except Exception as e:  # an API difference: keep the slow path rather than lose the run
+        log(f"unlikelihood: cached generation failed ({type(e).__name__}: {e}); using full forwards")
+        return greedy_decode, dict(cached=False, error=f"{type(e).__name__}: {e}")
+    equal = sum(int(a == b) for a, b in zip(got, want))
+    ok = 8 * equal >= 7 * len(want)
+    log(f"unlikelihood: cached generation equals full forwards on {equal}/{len(want)} rows; "
+        f"{'using it' if ok else 'using full forwards'}")
+    return (greedy_decode_cached if ok else greedy_decode), dict(cached=ok, rows_equal=equal, rows=len(want))
+
+
 def repeated_line_mask(tok, gen):
     """For one continuation `gen` (token ids): 1 for each token whose text lies (even partly) in a
     repeated line (the rule above), else 0."""
@@ -94,6 +126,12 @@ def train_unlikelihood(model, train_stream, tok, budget, args, device, eos):
     step, history = 0, []
     looped_rows = total_rows = marked_total = 0
     window = dict(looped=0, rows=0, ul=0.0, mle=0.0, steps=0)
+    model.eval()
+    check_starts = torch.randint(0, n - CTX - 1, (16,), device=device, generator=gen_rng)
+    generate, generator_check = pick_generator(
+        model, [[BOS] + b for b in train_stream[check_starts[:, None] + ar_prompt].tolist()], args.loop_new,
+        device)
+    model.train()
     while time.time() - t_start < budget:
         lr = args.ul_lr * min(1.0, (step + 1) / 20)
         for g in opt.param_groups:
@@ -102,7 +140,7 @@ def train_unlikelihood(model, train_stream, tok, budget, args, device, eos):
         body = train_stream[starts[:, None] + ar_prompt].tolist()
         prompts = [[BOS] + b for b in body]
         model.eval()
-        gens = greedy_decode(model, prompts, args.loop_new, device)
+        gens = generate(model, prompts, args.loop_new, device)
         model.train()
         seqs, masks, looped = [], [], 0
         for p, g in zip(prompts, gens):
@@ -146,6 +184,7 @@ def train_unlikelihood(model, train_stream, tok, budget, args, device, eos):
     return dict(steps=step, seconds=round(time.time() - t_start, 1), lr=args.ul_lr, weight=args.ul_weight,
                 batch_generated=args.ul_batch, batch_mle=args.batch, new_tokens=args.loop_new,
                 looped_rows=looped_rows, rows=total_rows, marked_tokens=marked_total, history=history,
+                generator=generator_check,
                 rule="tokens of a continuation line equal to the line before it (non-blank: 2nd copy on; "
                      "blank: 3rd copy on) and tokens that extend a token-level loop (period p <= 16 "
                      "tokens repeated for max(2p, 6) tokens)")
