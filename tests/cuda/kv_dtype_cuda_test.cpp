@@ -106,33 +106,47 @@ TEST(CudaKvDtype, StoreKvAndConvertRoundLikeTheCpu) {
   expect_same_bits(w.pull(), w.host, "convert bf16 -> f32");
 }
 
+// The new rows of the attention_inputs cache tests: 3 positions (40-42) of 4
+// query heads and 2 kv heads of 64, random q/k/v, norm weights and
+// frequencies. finish(cache_k, cache_v) runs attention_inputs on the GPU into
+// those caches and returns the finished k and v rows it leaves.
+struct NewRows {
+  static constexpr int64_t M = 3, NH = 4, KV = 2, D = 64, R = 64;
+  Twin q{DType::kF32, {M, NH, D}}, k{DType::kF32, {M, KV, D}}, v{DType::kF32, {M, KV, D}};
+  Twin qn{DType::kF32, {D}}, kn{DType::kF32, {D}}, freq{DType::kF32, {D / 2}};
+  Twin pos = positions_twin({40, 41, 42});
+  NewRows() {
+    q.randomize(1);
+    k.randomize(2);
+    v.randomize(3);
+    qn.randomize(4, 0.5f, 1.5f);
+    kn.randomize(5, 0.5f, 1.5f);
+    freq.randomize(6, 0.0f, 0.5f);
+  }
+  std::pair<HostTensor, HostTensor> finish(const Tensor& cache_k, const Tensor& cache_v) {
+    gpu_be().attention_inputs({.q = q.dev,
+                               .q_norm = qn.dev,
+                               .k = k.dev,
+                               .k_norm = kn.dev,
+                               .v = v.dev,
+                               .positions = pos.dev,
+                               .inv_freq = freq.dev,
+                               .cache_k = cache_k,
+                               .cache_v = cache_v});
+    return {k.pull(), v.pull()};
+  }
+};
+
 // attention_inputs with a bf16 cache: the cache rows are the bf16 rounding of
 // the finished k / v rows the same call leaves (store_kv of them), and
 // attention_with_inputs over that cache equals the two ops.
 TEST(CudaKvDtype, AttentionInputsStoreRoundedFinishedRows) {
   SKIP_WITHOUT_CUDA();
-  constexpr int64_t M = 3, NH = 4, KV = 2, D = 64, R = 64;
-  Twin q(DType::kF32, {M, NH, D}), k(DType::kF32, {M, KV, D}), v(DType::kF32, {M, KV, D});
-  Twin qn(DType::kF32, {D}), kn(DType::kF32, {D}), freq(DType::kF32, {D / 2});
-  q.randomize(1);
-  k.randomize(2);
-  v.randomize(3);
-  qn.randomize(4, 0.5f, 1.5f);
-  kn.randomize(5, 0.5f, 1.5f);
-  freq.randomize(6, 0.0f, 0.5f);
-  const Twin pos = positions_twin({40, 41, 42});
+  NewRows rows;
+  constexpr int64_t KV = NewRows::KV, D = NewRows::D, R = NewRows::R;
+  const Twin& pos = rows.pos;
   Twin ck = bf16_twin({R, KV, D}, 7), cv = bf16_twin({R, KV, D}, 8);
-  AttentionInputsParams in{.q = q.dev,
-                           .q_norm = qn.dev,
-                           .k = k.dev,
-                           .k_norm = kn.dev,
-                           .v = v.dev,
-                           .positions = pos.dev,
-                           .inv_freq = freq.dev,
-                           .cache_k = ck.dev,
-                           .cache_v = cv.dev};
-  gpu_be().attention_inputs(in);
-  const HostTensor k_done = k.pull(), v_done = v.pull();
+  const auto [k_done, v_done] = rows.finish(ck.dev, cv.dev);
   HostTensor want_k(DType::kBF16, {R, KV, D}), want_v(DType::kBF16, {R, KV, D});
   std::memcpy(want_k.view().data(), ck.host.view().data(), want_k.view().nbytes());
   std::memcpy(want_v.view().data(), cv.host.view().data(), want_v.view().nbytes());
@@ -148,12 +162,37 @@ struct Case {
   bool fast_prefill;
 };
 
-HostTensor run_attention(Backend& be, bool gpu, const Twin& q, const Twin& k, const Twin& v,
-                         const Twin& pos, const Case& c, int64_t k_pos0, int64_t ring_keys) {
+// Where case c's s queries sit: the last s positions of a full cache of t
+// rows, or (c.ring) the newest positions of a ring of t rows holding positions
+// [q0 - window + 1, q_last] (k_pos0 and ring_keys as AttentionParams takes
+// them; -1: no ring).
+struct QueryPlacement {
+  std::vector<int32_t> positions;
+  int64_t k_pos0 = 0;
+  int64_t ring_keys = -1;
+};
+QueryPlacement place_queries(const Case& c) {
+  QueryPlacement p;
+  if (c.ring) {
+    const int64_t last = 3 * c.t + 5;
+    for (int64_t i = 0; i < c.s; ++i)
+      p.positions.push_back(static_cast<int32_t>(last - c.s + 1 + i));
+    p.k_pos0 = last - c.s + 1 - c.window + 1;
+    p.ring_keys = last - p.k_pos0 + 1;
+  } else {
+    for (int64_t i = 0; i < c.s; ++i) p.positions.push_back(static_cast<int32_t>(c.t - c.s + i));
+  }
+  return p;
+}
+
+// Attention of case c on `be` (gpu: the twins' device sides, else their host
+// sides) over the caches k and v, already of that side; the output on the host.
+HostTensor run_attention_on(Backend& be, bool gpu, const Twin& q, const Tensor& k, const Tensor& v,
+                            const Twin& pos, const Case& c, int64_t k_pos0, int64_t ring_keys) {
   Twin out(DType::kF32, q.host.shape());
   AttentionParams p{.q = gpu ? q.dev : q.host.view(),
-                    .k = gpu ? k.dev : k.host.view(),
-                    .v = gpu ? v.dev : v.host.view(),
+                    .k = k,
+                    .v = v,
                     .out = gpu ? out.dev : out.host.view(),
                     .q_positions = gpu ? pos.dev : pos.host.view(),
                     .k_pos0 = k_pos0,
@@ -166,32 +205,31 @@ HostTensor run_attention(Backend& be, bool gpu, const Twin& q, const Twin& k, co
   return std::move(out.host);
 }
 
+HostTensor run_attention(Backend& be, bool gpu, const Twin& q, const Twin& k, const Twin& v,
+                         const Twin& pos, const Case& c, int64_t k_pos0, int64_t ring_keys) {
+  return run_attention_on(be, gpu, q, gpu ? k.dev : k.host.view(), gpu ? v.dev : v.host.view(), pos,
+                          c, k_pos0, ring_keys);
+}
+
+// The attention cases of the cache-dtype tests: decode and verify rows over
+// full caches (head dims 256 and 512), a sliding window, the tensor-core
+// prefill path (128 queries), rings, an odd head dim.
+const Case kAttentionCases[] = {
+    {1, 300, 8, 2, 256, 0, false, false}, {1, 700, 8, 1, 512, 0, false, false},
+    {5, 300, 8, 2, 256, 0, false, false}, {5, 90, 8, 2, 256, 64, false, false},
+    {128, 400, 4, 2, 64, 0, false, true}, {1, 80, 8, 2, 256, 64, true, false},
+    {5, 80, 8, 2, 256, 64, true, false},  {1, 50, 4, 2, 30, 0, false, false},
+};
+
 TEST(CudaKvDtype, Bf16AttentionMatchesCpu) {
   SKIP_WITHOUT_CUDA();
-  const Case cases[] = {
-      {1, 300, 8, 2, 256, 0, false, false}, {1, 700, 8, 1, 512, 0, false, false},
-      {5, 300, 8, 2, 256, 0, false, false}, {5, 90, 8, 2, 256, 64, false, false},
-      {128, 400, 4, 2, 64, 0, false, true}, {1, 80, 8, 2, 256, 64, true, false},
-      {5, 80, 8, 2, 256, 64, true, false},  {1, 50, 4, 2, 30, 0, false, false},
-  };
   uint64_t seed = 10;
-  for (const Case& c : cases) {
+  for (const Case& c : kAttentionCases) {
     Twin q(DType::kF32, {c.s, c.heads, c.d});
     q.randomize(seed++);
     Twin k = bf16_twin({c.t, c.kv, c.d}, seed++);
     Twin v = bf16_twin({c.t, c.kv, c.d}, seed++);
-    std::vector<int32_t> positions;
-    int64_t k_pos0 = 0, ring_keys = -1;
-    if (c.ring) {
-      // A ring of t rows holding positions [q0 - window + 1, q_last].
-      const int64_t last = 3 * c.t + 5;
-      for (int64_t i = 0; i < c.s; ++i)
-        positions.push_back(static_cast<int32_t>(last - c.s + 1 + i));
-      k_pos0 = last - c.s + 1 - c.window + 1;
-      ring_keys = last - k_pos0 + 1;
-    } else {
-      for (int64_t i = 0; i < c.s; ++i) positions.push_back(static_cast<int32_t>(c.t - c.s + i));
-    }
+    const auto [positions, k_pos0, ring_keys] = place_queries(c);
     const Twin pos = positions_twin(positions);
     const HostTensor got = run_attention(gpu_be(), true, q, k, v, pos, c, k_pos0, ring_keys);
     const HostTensor want = run_attention(cpu_be(), false, q, k, v, pos, c, k_pos0, ring_keys);
@@ -501,28 +539,11 @@ TEST(CudaKvFp8, StoreKvAndConvertQuantizeLikeTheCpu) {
 // the finished k / v rows the same call leaves (store_kv of them).
 TEST(CudaKvFp8, AttentionInputsStoreQuantizedFinishedRows) {
   SKIP_WITHOUT_CUDA();
-  constexpr int64_t M = 3, NH = 4, KV = 2, D = 64, R = 64;
-  Twin q(DType::kF32, {M, NH, D}), k(DType::kF32, {M, KV, D}), v(DType::kF32, {M, KV, D});
-  Twin qn(DType::kF32, {D}), kn(DType::kF32, {D}), freq(DType::kF32, {D / 2});
-  q.randomize(1);
-  k.randomize(2);
-  v.randomize(3);
-  qn.randomize(4, 0.5f, 1.5f);
-  kn.randomize(5, 0.5f, 1.5f);
-  freq.randomize(6, 0.0f, 0.5f);
-  const Twin pos = positions_twin({40, 41, 42});
+  NewRows rows;
+  constexpr int64_t KV = NewRows::KV, D = NewRows::D, R = NewRows::R;
+  const Twin& pos = rows.pos;
   Fp8Twin ck = fp8_twin({R, KV, D}, 7), cv = fp8_twin({R, KV, D}, 8);
-  AttentionInputsParams in{.q = q.dev,
-                           .q_norm = qn.dev,
-                           .k = k.dev,
-                           .k_norm = kn.dev,
-                           .v = v.dev,
-                           .positions = pos.dev,
-                           .inv_freq = freq.dev,
-                           .cache_k = ck.dev(),
-                           .cache_v = cv.dev()};
-  gpu_be().attention_inputs(in);
-  const HostTensor k_done = k.pull(), v_done = v.pull();
+  const auto [k_done, v_done] = rows.finish(ck.dev(), cv.dev());
   // ck.host() still holds the old cache: the CPU stores the finished rows there.
   cpu_be().store_kv(k_done, v_done, pos.host, ck.host(), cv.host());
   expect_same_fp8(ck, ck.host(), "cache_k rows");
@@ -615,45 +636,17 @@ TEST(CudaKvFp8, FusedDecodeKernelEqualsTheTwoOps) {
 
 TEST(CudaKvFp8, AttentionMatchesCpu) {
   SKIP_WITHOUT_CUDA();
-  const Case cases[] = {
-      {1, 300, 8, 2, 256, 0, false, false}, {1, 700, 8, 1, 512, 0, false, false},
-      {5, 300, 8, 2, 256, 0, false, false}, {5, 90, 8, 2, 256, 64, false, false},
-      {128, 400, 4, 2, 64, 0, false, true}, {1, 80, 8, 2, 256, 64, true, false},
-      {5, 80, 8, 2, 256, 64, true, false},  {1, 50, 4, 2, 30, 0, false, false},
-  };
   uint64_t seed = 110;
-  for (const Case& c : cases) {
+  for (const Case& c : kAttentionCases) {
     Twin q(DType::kF32, {c.s, c.heads, c.d});
     q.randomize(seed++);
     const Fp8Twin k = fp8_twin({c.t, c.kv, c.d}, seed++);
     const Fp8Twin v = fp8_twin({c.t, c.kv, c.d}, seed++);
-    std::vector<int32_t> positions;
-    int64_t k_pos0 = 0, ring_keys = -1;
-    if (c.ring) {
-      const int64_t last = 3 * c.t + 5;
-      for (int64_t i = 0; i < c.s; ++i)
-        positions.push_back(static_cast<int32_t>(last - c.s + 1 + i));
-      k_pos0 = last - c.s + 1 - c.window + 1;
-      ring_keys = last - k_pos0 + 1;
-    } else {
-      for (int64_t i = 0; i < c.s; ++i) positions.push_back(static_cast<int32_t>(c.t - c.s + i));
-    }
+    const auto [positions, k_pos0, ring_keys] = place_queries(c);
     const Twin pos = positions_twin(positions);
     const auto run = [&](Backend& be, bool gpu) {
-      Twin out(DType::kF32, q.host.shape());
-      AttentionParams p{.q = gpu ? q.dev : q.host.view(),
-                        .k = gpu ? k.dev() : k.host(),
-                        .v = gpu ? v.dev() : v.host(),
-                        .out = gpu ? out.dev : out.host.view(),
-                        .q_positions = gpu ? pos.dev : pos.host.view(),
-                        .k_pos0 = k_pos0,
-                        .window = c.window,
-                        .scale = 1.0f / std::sqrt(static_cast<float>(c.d)),
-                        .ring_keys = ring_keys,
-                        .allow_fast_prefill = c.fast_prefill};
-      be.attention(p);
-      if (gpu) return out.pull();
-      return std::move(out.host);
+      return run_attention_on(be, gpu, q, gpu ? k.dev() : k.host(), gpu ? v.dev() : v.host(), pos,
+                              c, k_pos0, ring_keys);
     };
     const std::string label =
         fmt::format("fp8 S={} T={} D={} window={} ring={}", c.s, c.t, c.d, c.window, c.ring);
