@@ -272,19 +272,8 @@ TEST(CudaKvDtype, Bf16FastPrefillEqualsF32CacheOfTheRoundedValues) {
     if (c.window > 0) positions[0] = static_cast<int32_t>(c.k_pos0 - c.window - 5);  // sees nothing
     const Twin pos = positions_twin(positions);
     const auto run = [&](Backend& be, bool gpu, const Twin& kk, const Twin& vv, bool fast) {
-      Twin out(DType::kF32, {c.s, c.heads, c.d});
-      AttentionParams p{.q = gpu ? q.dev : q.host.view(),
-                        .k = gpu ? kk.dev : kk.host.view(),
-                        .v = gpu ? vv.dev : vv.host.view(),
-                        .out = gpu ? out.dev : out.host.view(),
-                        .q_positions = gpu ? pos.dev : pos.host.view(),
-                        .k_pos0 = c.k_pos0,
-                        .window = c.window,
-                        .scale = 1.0f / std::sqrt(static_cast<float>(c.d)),
-                        .allow_fast_prefill = fast};
-      be.attention(p);
-      if (gpu) return out.pull();
-      return std::move(out.host);
+      return run_attention(be, gpu, q, kk, vv, pos,
+                           Case{c.s, c.t, c.heads, c.kv, c.d, c.window, false, fast}, c.k_pos0, -1);
     };
     const HostTensor got = run(gpu_be(), true, k, v, true);
     expect_close(got, run(cpu_be(), false, k, v, false), kFastPrefillTol, what.c_str());
@@ -684,19 +673,9 @@ TEST(CudaKvFp8, FastPrefillEqualsF32CacheOfTheDequantizedValues) {
       positions.push_back(static_cast<int32_t>(c.k_pos0 + c.t - c.s + i));
     const Twin pos = positions_twin(positions);
     const auto run = [&](Backend& be, bool gpu, const Tensor& kk, const Tensor& vv, bool fast) {
-      Twin out(DType::kF32, {c.s, c.heads, c.d});
-      AttentionParams p{.q = gpu ? q.dev : q.host.view(),
-                        .k = kk,
-                        .v = vv,
-                        .out = gpu ? out.dev : out.host.view(),
-                        .q_positions = gpu ? pos.dev : pos.host.view(),
-                        .k_pos0 = c.k_pos0,
-                        .window = c.window,
-                        .scale = 1.0f / std::sqrt(static_cast<float>(c.d)),
-                        .allow_fast_prefill = fast};
-      be.attention(p);
-      if (gpu) return out.pull();
-      return std::move(out.host);
+      return run_attention_on(be, gpu, q, kk, vv, pos,
+                              Case{c.s, c.t, c.heads, c.kv, c.d, c.window, false, fast}, c.k_pos0,
+                              -1);
     };
     const HostTensor got = run(gpu_be(), true, k.dev(), v.dev(), true);
     expect_close(got, run(cpu_be(), false, k.host(), v.host(), false), kFastPrefillTol,
