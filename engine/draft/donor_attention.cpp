@@ -34,6 +34,8 @@ void TargetCacheDonors::attend(gemma4::LayerType type, const Tensor& q, int rece
   if (donor < 0) fail("the target has no donor layer of the type this drafter layer attends to");
   SPECULA_CHECK_EQ(q.dim(0), static_cast<int64_t>(rows_.size()), "donor attention rows");
   const int64_t n_heads = q.dim(1), D = q.dim(2);
+  // Every row's attention in one call (a backend may serve them with one launch).
+  entries_.clear();
   for (size_t b = 0; b < rows_.size(); ++b) {
     SequenceKv& kv = *rows_[b];
     const int64_t length = kv.length();
@@ -52,7 +54,7 @@ void TargetCacheDonors::attend(gemma4::LayerType type, const Tensor& q, int rece
       k = kv.full_keys(donor, length).slice_rows(from, length);
       v = kv.full_values(donor, length).slice_rows(from, length);
     }
-    AttentionParams p;
+    AttentionParams& p = entries_.emplace_back();
     p.q =
         q.slice_rows(static_cast<int64_t>(b), static_cast<int64_t>(b) + 1).reshape({1, n_heads, D});
     p.k = k;
@@ -70,8 +72,8 @@ void TargetCacheDonors::attend(gemma4::LayerType type, const Tensor& q, int rece
     p.window = recent;
     p.positions_bound = positions_bound_for(length);
     p.scale = scale;
-    backend_.attention(p);
   }
+  backend_.attention_batch(entries_);
 }
 
 }  // namespace specula

@@ -50,6 +50,7 @@ class TargetCacheDonors : public DonorAttention {
   DeviceBuffer own_keys_;  // i32 [B] newest key positions when bind() gets none
   Tensor newest_keys_;     // i32 [B] (bound)
   std::vector<int32_t> host_keys_;
+  std::vector<AttentionParams> entries_;  // attend()'s calls, one a row (reused)
 };
 
 }  // namespace specula

@@ -98,6 +98,15 @@ struct AttentionInputsParams {
   Tensor cache_v;  // [R, KV, D] of cache_k's dtype when cache_k is set
 };
 
+// One cache store of store_kv_batch: the arguments of a store_kv call.
+struct StoreKvParams {
+  Tensor k;          // f32 [n, KV, D]
+  Tensor v;          // f32 [n, KV, D]
+  Tensor positions;  // i32 [n]
+  Tensor cache_k;    // f32|bf16|f8e4m3 [R, KV, D]
+  Tensor cache_v;    // [R, KV, D] of cache_k's dtype
+};
+
 // One output of linear_multi: y = x · wᵀ.
 struct LinearOut {
   Tensor w;  // [N, K] f32|bf16|f16
@@ -332,6 +341,12 @@ class Backend : public MemoryResource {
   // inv_freq f32 [D/2] (zeros leave a pair unrotated).
   virtual void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) = 0;
   virtual void attention(const AttentionParams& p) = 0;
+  // attention(p) for every entry, in order, with the results of those calls bit
+  // for bit: the attention of the sequences of a batched step (one entry a
+  // sequence, each over its own cache). No entry's out may alias another's q,
+  // k, v or q_positions. The default makes the calls; a backend may serve
+  // entries of one geometry with one launch (CUDA: see cuda_attention.cu).
+  virtual void attention_batch(std::span<const AttentionParams> entries);
   // See AttentionInputsParams. The default composes rms_norm, rope, copy and store_kv.
   virtual void attention_inputs(const AttentionInputsParams& p);
   // attention_inputs(inputs), then attention(p), as one op: p.q is inputs.q,
@@ -359,6 +374,11 @@ class Backend : public MemoryResource {
   // is what lets a recorded step write each step's rows where they belong.
   virtual void store_kv(const Tensor& k, const Tensor& v, const Tensor& positions,
                         const Tensor& cache_k, const Tensor& cache_v) = 0;
+  // store_kv for every entry, in order (the same cache bytes): the new rows of
+  // the sequences of a batched step, each into its own cache. No entry's cache
+  // may overlap another entry's inputs. The default makes the calls; a backend
+  // may serve them with one launch.
+  virtual void store_kv_batch(std::span<const StoreKvParams> entries);
   // out = gelu_tanh(gate) ⊙ up; f32, same shapes; out may alias gate or up.
   virtual void gelu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) = 0;
   // out = gelu_tanh(x); out may alias x.

@@ -554,6 +554,14 @@ MoeExpertsDims check_moe_experts(const MoeExpertsParams& p) {
 
 namespace specula {
 
+void Backend::attention_batch(std::span<const AttentionParams> entries) {
+  for (const AttentionParams& p : entries) attention(p);
+}
+
+void Backend::store_kv_batch(std::span<const StoreKvParams> entries) {
+  for (const StoreKvParams& e : entries) store_kv(e.k, e.v, e.positions, e.cache_k, e.cache_v);
+}
+
 void Backend::attention_inputs(const AttentionInputsParams& p) {
   const ops::AttentionInputsDims d = ops::check_attention_inputs(p);
   const float eps = p.eps;

@@ -175,6 +175,48 @@ TEST_F(CpuBackendTest, AttentionRowsDoNotDependOnHowManyQueriesShareTheCall) {
   }
 }
 
+// The batch ops of a batched step (one entry a sequence) are the separate
+// calls, in order: here two sequences over their own caches, one a ring.
+TEST_F(CpuBackendTest, AttentionBatchAndStoreKvBatchAreTheSeparateCalls) {
+  HostTensor q = random({3, 4, 32}), new_k = random({3, 2, 32}), new_v = random({3, 2, 32});
+  HostTensor pos = make_i32({3}, {6, 7, 12});  // sequence 0: rows 0-1, sequence 1: row 2
+  const HostTensor k0 = random({9, 2, 32}), v0 = random({9, 2, 32});
+  const HostTensor k1 = random({5, 2, 32}), v1 = random({5, 2, 32});  // a ring of 5 rows
+  HostTensor ck[2] = {clone(k0), clone(k1)}, cv[2] = {clone(v0), clone(v1)};
+  HostTensor want_k[2] = {clone(k0), clone(k1)}, want_v[2] = {clone(v0), clone(v1)};
+  const int64_t begin[3] = {0, 2, 3};
+  std::vector<StoreKvParams> stores;
+  for (int i = 0; i < 2; ++i) {
+    stores.push_back({.k = new_k.view().slice_rows(begin[i], begin[i + 1]),
+                      .v = new_v.view().slice_rows(begin[i], begin[i + 1]),
+                      .positions = pos.view().slice_rows(begin[i], begin[i + 1]),
+                      .cache_k = ck[i],
+                      .cache_v = cv[i]});
+    be_.store_kv(stores.back().k, stores.back().v, stores.back().positions, want_k[i], want_v[i]);
+  }
+  be_.store_kv_batch(stores);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(same_bits(ck[i], want_k[i])) << "k cache " << i;
+    EXPECT_TRUE(same_bits(cv[i], want_v[i])) << "v cache " << i;
+  }
+  HostTensor out(DType::kF32, {3, 4, 32}), want(DType::kF32, {3, 4, 32});
+  auto entry = [&](int i, const HostTensor& o) {
+    const bool ring = i == 1;
+    return AttentionParams{.q = q.view().slice_rows(begin[i], begin[i + 1]),
+                           .k = ck[i],
+                           .v = cv[i],
+                           .out = o.view().slice_rows(begin[i], begin[i + 1]),
+                           .q_positions = pos.view().slice_rows(begin[i], begin[i + 1]),
+                           .k_pos0 = ring ? 9 : 0,
+                           .window = ring ? 4 : 0,
+                           .ring_keys = ring ? 4 : -1};
+  };
+  const AttentionParams entries[2] = {entry(0, out), entry(1, out)};
+  be_.attention_batch(entries);
+  for (int i = 0; i < 2; ++i) be_.attention(entry(i, want));
+  EXPECT_TRUE(same_bits(out, want));
+}
+
 TEST_F(CpuBackendTest, AttentionRejectsBadArguments) {
   HostTensor q = random({2, 3, 8}), k = random({4, 2, 8}), v = random({4, 2, 8});
   HostTensor out(DType::kF32, {2, 3, 8});

@@ -721,6 +721,9 @@ bool Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
   if (!fused_inputs) be.attention_inputs(in);
 
   if (!spec.kv_shared) {
+    // The rows read in place store their new keys together (one call), after
+    // the gathered rows' ring copies: each row writes only its own caches.
+    store_batch_.clear();
     for (size_t r = 0; r < rows.size(); ++r) {
       RowPlan& p = plans[r];
       SequenceKv& kv = *rows[r].kv;
@@ -728,8 +731,11 @@ bool Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
       Tensor v_new = v.slice_rows(p.begin, p.begin + p.n).reshape({p.n, KV, D});
       if (!p.gather) {
         if (in.cache_k.empty()) {
-          be.store_kv(k_new, v_new, s.positions.slice_rows(p.begin, p.begin + p.n), p.store_k[li],
-                      p.store_v[li]);
+          store_batch_.push_back({.k = k_new,
+                                  .v = v_new,
+                                  .positions = s.positions.slice_rows(p.begin, p.begin + p.n),
+                                  .cache_k = p.store_k[li],
+                                  .cache_v = p.store_v[li]});
         }
         if (sliding) {
           // Attend to the ring in place: after writing n rows it still holds
@@ -772,6 +778,7 @@ bool Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
         p.attn_pos0[li] = 0;
       }
     }
+    if (!store_batch_.empty()) be.store_kv_batch(store_batch_);
   } else {
     const size_t donor = static_cast<size_t>(spec.kv_donor);
     for (RowPlan& p : plans) {
@@ -783,8 +790,11 @@ bool Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
   }
 
   Tensor attn = Tensor(s.attn.data(), DType::kF32, {M, Nh * D}, s.attn.device());
+  // Every row's attention in one call (a backend may attend to all of them in
+  // one launch); a lone row read in place finishes its inputs in the same op.
+  attention_batch_.clear();
   for (const RowPlan& p : plans) {
-    AttentionParams ap;
+    AttentionParams& ap = attention_batch_.emplace_back();
     ap.q = q.slice_rows(p.begin, p.begin + p.n).reshape({p.n, Nh, D});
     ap.k = p.attn_k[li];
     ap.v = p.attn_v[li];
@@ -807,11 +817,11 @@ bool Gemma4Model::run_layer(int l, std::span<const ForwardRow> rows, std::span<R
     // but with several rows or queries (batched rows, verify windows) the
     // early chain of launches it starts made steps 25-60% slower.
     ap.product_follows = plans.size() == 1 && p.n == 1;
-    if (fused_inputs) {
-      be.attention_with_inputs(in, ap);
-    } else {
-      be.attention(ap);
-    }
+  }
+  if (fused_inputs) {
+    be.attention_with_inputs(in, attention_batch_.front());
+  } else {
+    be.attention_batch(attention_batch_);
   }
   product(attn, w.o_proj, s.o, options);
   // Residual update, then the feed-forward input norm of the new residual.

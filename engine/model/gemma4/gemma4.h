@@ -219,7 +219,11 @@ class Gemma4Model {
   // Per-forward scratch views (arena-owned).
   struct Scratch;
   std::unique_ptr<Scratch> scratch_;
-  std::vector<RowPlan> plans_;        // reused across forwards
+  std::vector<RowPlan> plans_;  // reused across forwards
+  // One layer's cache stores and attention calls of several rows, made as one
+  // store_kv_batch / attention_batch call; reused (cleared per layer).
+  std::vector<StoreKvParams> store_batch_;
+  std::vector<AttentionParams> attention_batch_;
   std::vector<int32_t> host_inputs_;  // ids then positions, staged for the upload; reused
   // Recorded steps by shape (rows, their lengths, positions bounds, caches, arena).
   StepGraphCache graphs_;
