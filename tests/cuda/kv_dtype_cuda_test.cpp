@@ -221,6 +221,13 @@ const Case kAttentionCases[] = {
     {5, 80, 8, 2, 256, 64, true, false},  {1, 50, 4, 2, 30, 0, false, false},
 };
 
+// A prefill chunk of the fast-prefill tests: s queries at the last positions
+// of t keys starting at k_pos0, heads / kv heads of head dim d.
+struct FastPrefillCase {
+  int64_t s, t, heads, kv, d, k_pos0;
+  int window;
+};
+
 TEST(CudaKvDtype, Bf16AttentionMatchesCpu) {
   SKIP_WITHOUT_CUDA();
   uint64_t seed = 10;
@@ -246,14 +253,11 @@ TEST(CudaKvDtype, Bf16AttentionMatchesCpu) {
 // the fast path shows in its bits differing from the exact partials path.
 TEST(CudaKvDtype, Bf16FastPrefillEqualsF32CacheOfTheRoundedValues) {
   SKIP_WITHOUT_CUDA();
-  struct P {
-    int64_t s, t, heads, kv, d, k_pos0;
-    int window;
-  };
   uint64_t seed = 40;
-  for (const P& c :
-       {P{300, 300, 8, 2, 256, 0, 0}, P{128, 400, 4, 4, 64, 50, 0}, P{200, 260, 8, 4, 512, 0, 64},
-        P{64, 64, 2, 1, 32, 7, 16}, P{96, 1000, 16, 2, 256, 0, 0}}) {
+  for (const FastPrefillCase& c :
+       {FastPrefillCase{300, 300, 8, 2, 256, 0, 0}, FastPrefillCase{128, 400, 4, 4, 64, 50, 0},
+        FastPrefillCase{200, 260, 8, 4, 512, 0, 64}, FastPrefillCase{64, 64, 2, 1, 32, 7, 16},
+        FastPrefillCase{96, 1000, 16, 2, 256, 0, 0}}) {
     const std::string what = fmt::format("bf16 fast prefill S={} T={} H={}/{} D={} window={}", c.s,
                                          c.t, c.heads, c.kv, c.d, c.window);
     SCOPED_TRACE(what);
@@ -649,13 +653,10 @@ TEST(CudaKvFp8, AttentionMatchesCpu) {
 // values (the path widens the fp8 cache into exactly those f32 copies).
 TEST(CudaKvFp8, FastPrefillEqualsF32CacheOfTheDequantizedValues) {
   SKIP_WITHOUT_CUDA();
-  struct P {
-    int64_t s, t, heads, kv, d, k_pos0;
-    int window;
-  };
   uint64_t seed = 140;
-  for (const P& c : {P{300, 300, 8, 2, 256, 0, 0}, P{128, 400, 4, 4, 64, 50, 0},
-                     P{200, 260, 8, 4, 512, 0, 64}, P{96, 1000, 16, 2, 256, 0, 0}}) {
+  for (const FastPrefillCase& c :
+       {FastPrefillCase{300, 300, 8, 2, 256, 0, 0}, FastPrefillCase{128, 400, 4, 4, 64, 50, 0},
+        FastPrefillCase{200, 260, 8, 4, 512, 0, 64}, FastPrefillCase{96, 1000, 16, 2, 256, 0, 0}}) {
     const std::string what = fmt::format("fp8 fast prefill S={} T={} H={}/{} D={} window={}", c.s,
                                          c.t, c.heads, c.kv, c.d, c.window);
     SCOPED_TRACE(what);

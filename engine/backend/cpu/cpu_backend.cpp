@@ -171,14 +171,10 @@ void CpuBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& positi
   }
   // Row by row through convert (f32 rows into an f32, bf16 or fp8 cache; an
   // fp8 row keeps its [KV, D] shape, so its per-head scales come along).
-  const Tensor& k_rows = k;
-  const Tensor& v_rows = v;
-  const Tensor& ck = cache_k;
-  const Tensor& cv = cache_v;
   for (int64_t i = 0; i < d.rows; ++i) {
     const int64_t slot = pos[i] % d.cache_rows;
-    convert(k_rows.slice_rows(i, i + 1), ck.slice_rows(slot, slot + 1));
-    convert(v_rows.slice_rows(i, i + 1), cv.slice_rows(slot, slot + 1));
+    convert(k.slice_rows(i, i + 1), cache_k.slice_rows(slot, slot + 1));
+    convert(v.slice_rows(i, i + 1), cache_v.slice_rows(slot, slot + 1));
   }
 }
 
@@ -189,6 +185,19 @@ Tensor fp8_scales(const char* op, const char* name, const Tensor& t) {
   if (t.scale_data() == nullptr)
     fail("{}: {} {} is f8e4m3 without its per-row scales", op, name, t.describe());
   return t.scales();
+}
+
+// An fp8 view's rows (one a scale, each `width` codes wide), for convert.
+struct Fp8Rows {
+  Tensor scales;
+  int64_t rows = 0;
+  int64_t width = 0;
+};
+Fp8Rows fp8_rows(const char* op, const char* name, const Tensor& t) {
+  Fp8Rows r{fp8_scales(op, name, t)};
+  r.rows = r.scales.numel();
+  r.width = r.rows == 0 ? 0 : t.numel() / r.rows;
+  return r;
 }
 }  // namespace
 
@@ -209,25 +218,21 @@ void CpuBackend::convert(const Tensor& src, const Tensor& dst) {
   if (src.dtype() == DType::kF32 && dst.dtype() == DType::kF8E4M3) {
     // One scale per row of the last dimension (a KV cache's (token, head) vectors).
     cpu::check_no_alias(kOp, "dst", dst, "src", src);
-    const Tensor scales = fp8_scales(kOp, "dst", dst);
-    const int64_t rows = scales.numel();
-    const int64_t width = rows == 0 ? 0 : n / rows;
+    const Fp8Rows d = fp8_rows(kOp, "dst", dst);
     const float* s = src.data_as<const float>();
     auto* o = dst.data_as<uint8_t>();
-    float* sc = scales.data_as<float>();
-    for (int64_t r = 0; r < rows; ++r)
-      kv_e4m3_quantize_row(s + r * width, width, o + r * width, sc + r);
+    float* sc = d.scales.data_as<float>();
+    for (int64_t r = 0; r < d.rows; ++r)
+      kv_e4m3_quantize_row(s + r * d.width, d.width, o + r * d.width, sc + r);
     return;
   }
   if (src.dtype() == DType::kF8E4M3 && dst.dtype() == DType::kF32) {
     cpu::check_no_alias(kOp, "dst", dst, "src", src);
-    const Tensor scales = fp8_scales(kOp, "src", src);
-    const int64_t rows = scales.numel();
-    const int64_t width = rows == 0 ? 0 : n / rows;
-    const float* sc = scales.data_as<const float>();
-    for (int64_t r = 0; r < rows; ++r) {
-      cpu::dequantize_to_f32(src.data_as<const uint8_t>() + r * width, DType::kF8E4M3, sc[r],
-                             dst.data_as<float>() + r * width, width);
+    const Fp8Rows f = fp8_rows(kOp, "src", src);
+    const float* sc = f.scales.data_as<const float>();
+    for (int64_t r = 0; r < f.rows; ++r) {
+      cpu::dequantize_to_f32(src.data_as<const uint8_t>() + r * f.width, DType::kF8E4M3, sc[r],
+                             dst.data_as<float>() + r * f.width, f.width);
     }
     return;
   }
