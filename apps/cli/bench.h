@@ -29,7 +29,7 @@ struct BenchArgs {
   int prompt_tokens = 64;
   int gen_tokens = 64;
   std::vector<int> batches = {1};
-  bool batches_given = false;  // else --micro measures 1, 8, 32, 64
+  bool batches_given = false;  // else --micro measures 1, 8, 16, 32, 64
   std::vector<int> draft_tokens = {1, 2, 4, 6};
   bool draft_tokens_given = false;  // -k was given (else a block drafter measures its block)
   bool json = false;

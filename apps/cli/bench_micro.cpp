@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -21,6 +22,7 @@
 #include "apps/cli/bench.h"
 #include "apps/cli/commands.h"
 #include "apps/cli/setup.h"
+#include "apps/cli/step_limits.h"
 #include "engine/backend/backends.h"
 #include "engine/model/gemma4/presets.h"
 #include "engine/speculative/engine.h"
@@ -69,55 +71,6 @@ double matrix_peak(Backend& be, int64_t s) {
     best = std::max(best, 2.0 * static_cast<double>(s) * s * s * 3 / t);
   }
   return best;
-}
-
-// K/V bytes one query at sequence length `len` (itself included) reads, per
-// row: every layer reads its cache (a KV-shared layer re-reads its donor's),
-// sliding layers min(window, len) rows, full layers len rows; K and V of
-// `elem` bytes an element (the cache's dtype).
-int64_t kv_bytes_read(const gemma4::Gemma4Config& c, int64_t len, DType dtype) {
-  int64_t bytes = 0;
-  for (const gemma4::LayerSpec& l : c.layers) {
-    const int64_t rows =
-        l.type == gemma4::LayerType::kSliding ? std::min<int64_t>(c.sliding_window, len) : len;
-    bytes += rows * l.n_kv_heads * kv_head_row_bytes(dtype, l.head_dim) * 2;  // fp8: + scales
-  }
-  return bytes;
-}
-
-// Matrix-product parameters one token multiplies by (the lm head excluded):
-// q/k/v/o, the dense MLP, PLE gate/projection and the PLE model projection,
-// the MoE router and top_k of the experts.
-double linear_params_per_token(const gemma4::Gemma4Config& c) {
-  const double H = c.hidden_size, P = c.hidden_size_per_layer_input;
-  double n = c.has_ple() ? H * c.num_hidden_layers * P : 0;
-  for (const gemma4::LayerSpec& l : c.layers) {
-    const double D = l.head_dim, q = static_cast<double>(c.num_attention_heads) * D;
-    n += 2 * q * H;  // q_proj, o_proj
-    if (!l.kv_shared) n += (l.k_eq_v ? 1 : 2) * static_cast<double>(l.n_kv_heads) * D * H;
-    n += 3 * H * l.intermediate_size;
-    if (c.has_ple()) n += 2 * H * P;
-    if (c.enable_moe_block) {
-      n += static_cast<double>(c.num_experts) * H +
-           static_cast<double>(c.top_k_experts) * 3 * H * c.moe_intermediate_size;
-    }
-  }
-  return n;
-}
-
-// Prefill flops of n tokens from position 0 with logits for the last:
-// 2·n·linear_params + 2·V·H (lm head) + Σ_layers 4·Nh·D·Σ_i visible(i)
-// (QKᵀ and PV; visible(i) = i+1, or min(W, i+1) on sliding layers).
-double prefill_flops(const gemma4::Gemma4Config& c, int64_t n) {
-  double flops = 2.0 * n * linear_params_per_token(c) + 2.0 * c.vocab_size * c.hidden_size;
-  const double W = c.sliding_window, N = static_cast<double>(n);
-  const double full = N * (N + 1) / 2;
-  const double sliding = N <= W ? full : W * (W + 1) / 2 + (N - W) * W;
-  for (const gemma4::LayerSpec& l : c.layers) {
-    flops += 4.0 * c.num_attention_heads * l.head_dim *
-             (l.type == gemma4::LayerType::kSliding ? sliding : full);
-  }
-  return flops;
 }
 
 struct MicroRunner {
@@ -259,48 +212,84 @@ struct MicroRunner {
     out["matrix_peak"] = {
         {"size", a.peak_size},
         {"tflops", peak / 1e12},
-        {"definition", fmt::format("backend.linear x f32[{0},{0}] . w bf16[{0},{0}]^T, 2*{0}^3 "
-                                   "flops per call; best of 5 rounds",
-                                   a.peak_size)}};
+        {"definition",
+         fmt::format("backend.linear_prefill x f32[{0},{0}] . w bf16[{0},{0}]^T, 2*{0}^3 "
+                     "flops per call; best of 5 rounds",
+                     a.peak_size)}};
     if (!a.json) {
       fmt::print("device {} ({}), model {} (seed {}), {:.2f} GB of weights\n", be.device().str(),
                  be.name(), m.model_dir, a.seed, model.weight_bytes() / 1e9);
       fmt::print("copy bandwidth   {:>9.1f} GB/s     (2 x {} MiB / time: read + write)\n",
                  copy_bps / 1e9, a.copy_mib);
-      fmt::print("bf16 matrix peak {0:>9.4g} TFLOP/s  (linear_prefill f32[{1},{1}] x bf16[{1},{1}]^T)\n",
-                 peak / 1e12, a.peak_size);
+      fmt::print(
+          "bf16 matrix peak {0:>9.4g} TFLOP/s  (linear_prefill f32[{1},{1}] x bf16[{1},{1}]^T)\n",
+          peak / 1e12, a.peak_size);
       fmt::print("\ndecode, context {} per row (median of {}; steps {}):\n", a.context, a.reps,
                  model.graphs_enabled() && be.supports_graphs() ? "replayed as CUDA graphs"
                                                                 : "run directly");
-      fmt::print("{:>5} {:>9} {:>11} {:>9} {:>9} {:>9} {:>9}\n", "batch", "step ms", "tokens/s",
-                 "GB wts", "GB kv", "GB/s", "roofline");
+      fmt::print(
+          "(roofline: bytes / copy bandwidth; limit: max(bytes / copy bandwidth, flops / matrix "
+          "peak); verify: {} tokens a row, all with logits)\n",
+          a.verify_tokens);
+      fmt::print("{:>5} {:>9} {:>10} {:>8} {:>8} {:>8} {:>9} {:>9} {:>8} {:>8} {:>9} {:>7} {:>8}\n",
+                 "batch", "step ms", "tokens/s", "GB wts", "GB kv", "GB/s", "roofline", "limit ms",
+                 "bound", "of limit", "verify ms", "/ step", "of limit");
     }
 
-    // Decode steps per batch size.
+    // Decode steps per batch size, and a verify window of every row.
     nlohmann::json decode = nlohmann::json::array();
     double b1_fraction = -1;
+    std::map<int, double> limit_fraction, step_ms, verify_ratio;
     const int64_t seq_context = int64_t{a.context} + a.verify_tokens + 1;
+    const DType kv_dtype = model.kv_spec().dtype;
     for (int B : a.batches) {
       std::vector<SequenceKv> seqs;
       for (int b = 0; b < B; ++b) seqs.push_back(sequence(seq_context));
       fill(seqs, a.context);
       const double t = step_time(seqs, 1, false);
       const int64_t wbytes = model.weight_bytes_read(B);
-      const int64_t kvbytes =
-          int64_t{B} * kv_bytes_read(c, int64_t{a.context} + 1, model.kv_spec().dtype);
+      const int64_t kvbytes = int64_t{B} * kv_bytes_read(c, int64_t{a.context} + 1, kv_dtype);
       const double bps = static_cast<double>(wbytes + kvbytes) / t;
       const double fraction = bps / copy_bps;
+      const StepLimit lim = step_limit(static_cast<double>(wbytes + kvbytes),
+                                       forward_flops(c, B, a.context, 1, 1), copy_bps, peak);
+      // The verify window: verify_tokens new tokens a row, every one with logits.
+      const double tv = step_time(seqs, a.verify_tokens, true);
+      const int64_t v_bytes =
+          model.weight_bytes_read(int64_t{B} * a.verify_tokens) +
+          int64_t{B} * kv_bytes_read(c, int64_t{a.context} + a.verify_tokens, kv_dtype);
+      const StepLimit v_lim = step_limit(
+          static_cast<double>(v_bytes),
+          forward_flops(c, B, a.context, a.verify_tokens, a.verify_tokens), copy_bps, peak);
       if (B == 1) b1_fraction = fraction;
+      limit_fraction[B] = lim.fraction(t);
+      step_ms[B] = t * 1e3;
+      verify_ratio[B] = tv / t;
       decode.push_back({{"batch", B},
                         {"step_ms", t * 1e3},
                         {"tokens_per_second", B / t},
                         {"weight_bytes", wbytes},
                         {"kv_bytes", kvbytes},
                         {"gb_per_second", bps / 1e9},
-                        {"roofline_fraction", fraction}});
+                        {"roofline_fraction", fraction},
+                        {"flops", forward_flops(c, B, a.context, 1, 1)},
+                        {"limit_ms", lim.seconds * 1e3},
+                        {"bound", std::string(lim.bound)},
+                        {"limit_fraction", lim.fraction(t)},
+                        {"verify",
+                         {{"tokens", a.verify_tokens},
+                          {"step_ms", tv * 1e3},
+                          {"ratio", tv / t},
+                          {"limit_ms", v_lim.seconds * 1e3},
+                          {"bound", std::string(v_lim.bound)},
+                          {"limit_fraction", v_lim.fraction(tv)}}}});
       if (!a.json) {
-        fmt::print("{:>5} {:>9.3f} {:>11.1f} {:>9.2f} {:>9.3f} {:>9.1f} {:>8.1f}%\n", B, t * 1e3,
-                   B / t, wbytes / 1e9, kvbytes / 1e9, bps / 1e9, 100 * fraction);
+        fmt::print(
+            "{:>5} {:>9.3f} {:>10.1f} {:>8.2f} {:>8.3f} {:>8.1f} {:>8.1f}% {:>9.3f} {:>8} "
+            "{:>7.1f}% {:>9.3f} {:>6.3f}x {:>7.1f}%\n",
+            B, t * 1e3, B / t, wbytes / 1e9, kvbytes / 1e9, bps / 1e9, 100 * fraction,
+            lim.seconds * 1e3, lim.bound, 100 * lim.fraction(t), tv * 1e3, tv / t,
+            100 * v_lim.fraction(tv));
       }
     }
     out["decode"] = decode;
@@ -453,6 +442,19 @@ struct MicroRunner {
     if (!a.json) fmt::print("\ngoals (set for the 31b shape):\n");
     if (b1_fraction >= 0) goal("decode batch 1: roofline fraction", b1_fraction, ">=", 0.85);
     goal("verify window / decode step", tv / t1, "<=", 1.15);
+    // Batched rows (#30), where this run measured them.
+    const std::pair<int, double> batched_targets[] = {{8, 0.80}, {32, 0.70}, {64, 0.65}};
+    for (const auto& [B, target] : batched_targets) {
+      if (!limit_fraction.contains(B)) continue;
+      goal(fmt::format("decode batch {}: fraction of limit", B).c_str(), limit_fraction[B],
+           ">=", target);
+    }
+    if (step_ms.contains(64)) goal("decode batch 64: step ms", step_ms[64], "<=", 28.0);
+    for (const int B : {8, 16}) {
+      if (!verify_ratio.contains(B)) continue;
+      goal(fmt::format("verify window batch {} / decode step", B).c_str(), verify_ratio[B],
+           "<=", 1.25);
+    }
     if (draft_ratio) goal(draft_goal, *draft_ratio, "<=", draft_target);
     goal("prefill: fraction of matrix peak", flops / tp / peak, ">=", 0.5);
     out["goals"] = goals;

@@ -96,7 +96,7 @@ void run_bench(BenchArgs a) {
     sampling.validate();
   }
   if (a.micro) {
-    if (!a.batches_given) a.batches = {1, 8, 32, 64};
+    if (!a.batches_given) a.batches = {1, 8, 16, 32, 64};
     if (a.context < 1) fail("--context must be >= 1, got {}", a.context);
     if (a.prefill_tokens < 1) fail("--prefill-tokens must be >= 1, got {}", a.prefill_tokens);
     if (a.reps < 1) fail("--reps must be >= 1, got {}", a.reps);
@@ -264,8 +264,9 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--gen-tokens", args->gen_tokens, "Tokens generated per prompt")
       ->capture_default_str();
-  CLI::Option* batch = cmd->add_option(
-      "--batch", args->batches, "Batch sizes (rows decoded together); --micro default: 1 8 32 64");
+  CLI::Option* batch =
+      cmd->add_option("--batch", args->batches,
+                      "Batch sizes (rows decoded together); --micro default: 1 8 16 32 64");
   batch->capture_default_str();
   cmd->add_option("--draft-tokens,-k", args->draft_tokens,
                   "Draft lengths to measure (default: 1 2 4 6; a DSpark drafter's block size)")
@@ -389,8 +390,11 @@ void register_bench(CLI::App& app) {
       "write); bytes per decode step = weights read (model.weight_bytes_read(batch)) + K/V read "
       "(per row and layer: rows visible (sliding: min(window, context + 1)) x kv heads x head dim "
       "x 4 bytes x 2; KV-shared layers re-read their donor's); roofline = (bytes / step time) / "
-      "copy bandwidth; prefill flops = 2 x tokens x matrix parameters per token + 2 x V x H + "
-      "attention 4 x heads x head dim x visible keys summed over queries.");
+      "copy bandwidth; flops of a forward = 2 x tokens x matrix parameters per token + 2 x V x H a "
+      "logit row + attention 4 x heads x head dim x visible keys summed over queries (a prefill: "
+      "logits for its last token); limit = max(bytes / copy bandwidth, flops / matrix peak), "
+      "'of limit' = limit / step time; each batch also times a verify window of "
+      "--verify-tokens tokens a row (all with logits) against its decode step.");
   cmd->callback([args, batch, num_prompts] {
     BenchArgs a = *args;
     a.batches_given = batch->count() > 0;
