@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One GPU run for batched throughput (#30): the CUDA tests, then `bench --micro`
+# on the 31B shape at batch 1 8 16 32 64 with a bf16 and an fp8 KV cache (each
+# step against its limit max(bytes / copy, flops / peak), with a verify window of
+# every batch), a kernel trace of the batch-8 step, and the smaller presets
+# (E2B, E4B, 26B-A4B) at batch 1 and 8 with their cache capacity. A summary
+# table last; logs and JSON under $OUT.
+#
+#   OUT=/tmp/out bash tools/gpu/throughput_run.sh BIN_DIR
+# BIN_DIR holds specula and specula_cuda_tests (or their .xz; tools/gpu/pack_bins.sh).
+# Environment: STAGES="tests micro trace presets" (any subset), TEST_FILTER (gtest
+# filter), BATCHES (31B batches, default "1 8 16 32 64").
+set -uo pipefail
+
+OUT=${OUT:?set OUT to the folder for logs and results}
+STEP_KILL_AFTER=20
+source "$(dirname "$0")/lib.sh"
+STAGES=${STAGES:-"tests micro trace presets"}
+BATCHES=${BATCHES:-"1 8 16 32 64"}
+BIN=${1:?usage: throughput_run.sh BIN_DIR}
+
+machine_header --print
+unpack_bins "$BIN"
+SPECULA=$BIN/specula
+TESTS=$BIN/specula_cuda_tests
+
+if has_stage tests; then
+  step cuda_tests 330 cuda_tests.log "$TESTS" --gtest_brief=1 \
+    ${TEST_FILTER:+--gtest_filter="$TEST_FILTER"} --gtest_output="json:$OUT/cuda_tests.json"
+  tail -5 "$OUT/cuda_tests.log"
+  grep -E "^\[  FAILED" "$OUT/cuda_tests.log" | head -20
+fi
+
+if has_stage micro; then
+  for kv in bf16 fp8; do
+    # shellcheck disable=SC2086
+    step "micro 31b $kv" 300 "micro_31b_$kv.log" bash -c "'$SPECULA' bench --device cuda \
+      --random-weights 31b --micro --no-draft --batch $BATCHES --reps 5 --kv-dtype $kv \
+      --json >'$OUT/micro_31b_$kv.json'"
+  done
+fi
+
+if has_stage trace; then
+  step "trace 31b batch 8" 200 trace_31b_b8.log env TRACE_OUT="$OUT/trace_31b_b8.csv" \
+    bash "$(dirname "$0")/kernel_trace.sh" "$SPECULA" bench --device cuda --random-weights 31b \
+    --micro --no-draft --batch 8 --reps 3 --prefill-tokens 64
+fi
+
+if has_stage presets; then
+  for p in e2b e4b 26b-a4b; do
+    step "micro $p" 200 "micro_$p.log" bash -c "'$SPECULA' bench --device cuda --random-weights $p \
+      --micro --draft random --batch 1 8 --reps 5 --json >'$OUT/micro_$p.json'"
+  done
+fi
+
+echo
+echo "== summary (step ms, fraction of the step limit, verify window / step)"
+for f in "$OUT"/micro_*.json; do
+  [[ -s $f ]] || continue
+  jq -r --arg name "$(basename "$f" .json)" '.micro as $m |
+    ($m.kv_cache.tokens_that_fit | tostring) as $fit |
+    $m.decode[] | [$name, .batch, (.step_ms * 1000 | round / 1000),
+      ((.limit_fraction * 1000 | round) / 10 | tostring + "%"), .bound,
+      ((.verify.ratio * 1000 | round) / 1000), $fit] | @tsv' "$f" 2>/dev/null
+done | column -t -N "run,batch,step_ms,of_limit,bound,verify/step,kv_tokens_fit"
+for f in "$OUT"/micro_*.json; do
+  [[ -s $f ]] || continue
+  echo "-- $(basename "$f" .json) goals"
+  jq -r '.micro.goals[] | "  \(.goal): \(.value * 1000 | round / 1000) (\(.target)) \(if .met then "met" else "NOT met" end)"' "$f"
+done
+cat "$STATUS"
