@@ -33,7 +33,7 @@ TEST(StepLimits, AttentionFlopsCountEveryVisibleKey) {
   for (const char* preset : {"e2b", "31b", "26b-a4b"}) {
     gemma4::Gemma4Config c = gemma4::gemma4_preset(preset);
     c.sliding_window = 16;  // small, so that the brute force stays quick
-    for (const auto [first, tokens] :
+    for (const auto& [first, tokens] :
          {std::pair<int64_t, int64_t>{0, 1}, {0, 40}, {5, 5}, {15, 3}, {16, 1}, {100, 9}}) {
       const double want = attention_flops_brute(c, first, tokens);
       EXPECT_DOUBLE_EQ(attention_flops(c, first, tokens), want)

@@ -320,31 +320,42 @@ void DSparkModel::commit_context(std::span<const ContextPiece> pieces, const Ten
   for (const ContextPiece& p : pieces) p.kv->commit(p.count);
 }
 
-void DSparkModel::attend_row(int64_t row, int layer, const Tensor& q, const Tensor& k,
-                             const Tensor& v, const Tensor& positions, const Tensor& attn_pos,
-                             const Tensor& out, float scale) {
-  // The block's keys go right after the context (never committed: the next
+void DSparkModel::attend_rows(int64_t rows, int layer, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& out, float scale) {
+  // A row's block keys go right after its context (never committed: the next
   // commit overwrites them), so the row attends to one contiguous [ctx; block].
   // Stored at device positions and attended with every query at the block's
   // last position (causal then hides nothing of [ctx; block]): the launches
   // read their key ranges from the device, so a recorded block serves every
-  // round below the same positions bound.
+  // round below the same positions bound. Each row reads only its own cache,
+  // so all stores may precede all attention.
   const BlockScratch& s = *block_;
-  const SequenceKv::Storage& st = s.store[static_cast<size_t>(row * config_.num_layers + layer)];
-  backend_->store_kv(k, v, positions, st.k, st.v);
-  const int64_t end = s.ends[static_cast<size_t>(row)];
-  AttentionParams ap;
-  ap.q = q;
-  ap.k = st.k.slice_rows(0, end);
-  ap.v = st.v.slice_rows(0, end);
-  ap.out = out;
-  ap.q_positions = attn_pos;
-  ap.k_pos0 = 0;
-  ap.causal = true;
-  ap.window = 0;
-  ap.scale = scale;
-  ap.positions_bound = s.bound[static_cast<size_t>(row)];
-  backend_->attention(ap);
+  const int64_t G = config_.block_size;
+  store_batch_.clear();
+  attention_batch_.clear();
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t r0 = row * G, r1 = r0 + G;
+    const SequenceKv::Storage& st = s.store[static_cast<size_t>(row * config_.num_layers + layer)];
+    store_batch_.push_back({.k = k.slice_rows(r0, r1),
+                            .v = v.slice_rows(r0, r1),
+                            .positions = s.positions.slice_rows(r0, r1),
+                            .cache_k = st.k,
+                            .cache_v = st.v});
+    const int64_t end = s.ends[static_cast<size_t>(row)];
+    AttentionParams& ap = attention_batch_.emplace_back();
+    ap.q = q.slice_rows(r0, r1);
+    ap.k = st.k.slice_rows(0, end);
+    ap.v = st.v.slice_rows(0, end);
+    ap.out = out.slice_rows(r0, r1);
+    ap.q_positions = s.attn_pos.slice_rows(r0, r1);
+    ap.k_pos0 = 0;
+    ap.causal = true;
+    ap.window = 0;
+    ap.scale = scale;
+    ap.positions_bound = s.bound[static_cast<size_t>(row)];
+  }
+  backend_->store_kv_batch(store_batch_);
+  backend_->attention_batch(attention_batch_);
 }
 
 void DSparkModel::run_block(std::span<SequenceKv* const> ctx, const Tensor& anchors) {
@@ -508,7 +519,7 @@ void DSparkModel::specula_layers(std::span<SequenceKv* const> ctx) {
   Backend& be = *backend_;
   const DSparkConfig& c = config_;
   BlockScratch& s = *block_;
-  const int64_t G = c.block_size, n = c.num_heads, hd = c.head_dim;
+  const int64_t n = c.num_heads, hd = c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (int l = 0; l < c.num_layers; ++l) {
@@ -516,14 +527,10 @@ void DSparkModel::specula_layers(std::span<SequenceKv* const> ctx) {
     be.rms_norm(s.x, w.attn_norm, eps, s.xn);
     const LinearOut outs[3] = {{w.q_proj, s.q}, {w.k_proj, s.k}, {w.v_proj, s.v}};
     be.linear_multi(s.xn, outs);
-    for (size_t b = 0; b < ctx.size(); ++b) {
-      const int64_t r0 = static_cast<int64_t>(b) * G, r1 = r0 + G;
-      attend_row(static_cast<int64_t>(b), l, s.q.slice_rows(r0, r1).reshape({G, n, hd}),
-                 s.k.slice_rows(r0, r1).reshape({G, n, hd}),
-                 s.v.slice_rows(r0, r1).reshape({G, n, hd}), s.positions.slice_rows(r0, r1),
-                 s.attn_pos.slice_rows(r0, r1), s.attn.slice_rows(r0, r1).reshape({G, n, hd}),
-                 scale);
-    }
+    const int64_t T = s.x.dim(0);
+    attend_rows(static_cast<int64_t>(ctx.size()), l, s.q.reshape({T, n, hd}),
+                s.k.reshape({T, n, hd}), s.v.reshape({T, n, hd}), s.attn.reshape({T, n, hd}),
+                scale);
     be.linear(s.attn, w.o_proj, s.o);
     be.add(s.x, s.o, s.x);
     be.rms_norm(s.x, w.ffn_norm, eps, s.xn);
@@ -537,7 +544,7 @@ void DSparkModel::deepspec_layers(std::span<SequenceKv* const> ctx) {
   Backend& be = *backend_;
   const DSparkConfig& c = config_;
   BlockScratch& s = *block_;
-  const int64_t G = c.block_size, T = s.x.dim(0);
+  const int64_t T = s.x.dim(0);
   const int64_t Nh = c.num_heads, KV = c.num_kv_heads, D = c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   for (int l = 0; l < c.num_layers; ++l) {
@@ -561,14 +568,8 @@ void DSparkModel::deepspec_layers(std::span<SequenceKv* const> ctx) {
     in.inv_freq = inv_freq_;
     in.eps = eps;
     be.attention_inputs(in);
-    for (size_t b = 0; b < ctx.size(); ++b) {
-      const int64_t r0 = static_cast<int64_t>(b) * G, r1 = r0 + G;
-      attend_row(static_cast<int64_t>(b), l, s.q.slice_rows(r0, r1).reshape({G, Nh, D}),
-                 s.k.slice_rows(r0, r1).reshape({G, KV, D}),
-                 s.v.slice_rows(r0, r1).reshape({G, KV, D}), s.positions.slice_rows(r0, r1),
-                 s.attn_pos.slice_rows(r0, r1), s.attn.slice_rows(r0, r1).reshape({G, Nh, D}),
-                 1.0f);
-    }
+    attend_rows(static_cast<int64_t>(ctx.size()), l, s.q.reshape({T, Nh, D}),
+                s.k.reshape({T, KV, D}), s.v.reshape({T, KV, D}), s.attn.reshape({T, Nh, D}), 1.0f);
     be.linear(s.attn, w.o_proj, s.o);
     be.rms_norm_add(s.o, w.post_attention_layernorm, eps, s.x, 1.0f);
     be.rms_norm(s.x, w.pre_feedforward_layernorm, eps, s.xn);

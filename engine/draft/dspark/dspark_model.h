@@ -126,11 +126,13 @@ class DSparkModel {
   // Block backbone layers of each layout (run_block's middle part).
   void specula_layers(std::span<SequenceKv* const> ctx);
   void deepspec_layers(std::span<SequenceKv* const> ctx);
-  // Row `row`'s attention over its cache and its block, for layer l: stores
-  // the block's k, v at `positions` (its storage from prepare_block), then
-  // attends with every query at attn_pos (the block's last position).
-  void attend_row(int64_t row, int layer, const Tensor& q, const Tensor& k, const Tensor& v,
-                  const Tensor& positions, const Tensor& attn_pos, const Tensor& out, float scale);
+  // Every row's attention over its cache and its block, for layer l (q, k, v,
+  // out: the block scratch's [T, heads or kv_heads, D] rows, G a row): stores
+  // each row's block k, v at its positions (its storage from prepare_block),
+  // then attends with every query at attn_pos (the block's last position);
+  // one store_kv_batch and one attention_batch call for all rows.
+  void attend_rows(int64_t rows, int layer, const Tensor& q, const Tensor& k, const Tensor& v,
+                   const Tensor& out, float scale);
   // run_block in two halves: validation, scratch, uploads and the caches'
   // host bookkeeping (never recorded), then the device work (recordable).
   void prepare_block(std::span<SequenceKv* const> ctx, const Tensor& anchors);
@@ -186,6 +188,8 @@ class DSparkModel {
   std::vector<int64_t> block_key_;
   StepGraphCache head_graphs_;  // recorded head steps (CUDA), keyed as head_step() says
   std::vector<int64_t> head_key_;
+  std::vector<StoreKvParams> store_batch_;  // attend_rows' calls (reused)
+  std::vector<AttentionParams> attention_batch_;
 };
 
 }  // namespace specula::dspark
