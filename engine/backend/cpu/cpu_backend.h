@@ -53,6 +53,7 @@ class CpuBackend final : public Backend {
   void rope(const Tensor& x, const Tensor& positions, const Tensor& inv_freq) override;
   // A query that sees no key produces a zero row.
   void attention(const AttentionParams& p) override;
+  void attention_batch(std::span<const AttentionParams> entries) override;
   void gelu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override;
   void gelu(const Tensor& x, const Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override;
