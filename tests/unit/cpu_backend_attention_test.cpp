@@ -217,6 +217,41 @@ TEST_F(CpuBackendTest, AttentionBatchAndStoreKvBatchAreTheSeparateCalls) {
   EXPECT_TRUE(same_bits(out, want));
 }
 
+// Many entries of different query counts and key lengths, enough work for the
+// one parallel pass over all their items (each thread's range starts inside
+// some entry): still the separate calls' bits.
+TEST_F(CpuBackendTest, AttentionBatchOfManyUnevenEntriesIsTheSeparateCalls) {
+  constexpr int kEntries = 9;
+  std::vector<HostTensor> q, k, v, pos;
+  int64_t total = 0;
+  std::vector<int64_t> begin;
+  for (int e = 0; e < kEntries; ++e) {
+    const int64_t s = 1 + e % 3, t = 40 + 37 * e;
+    q.push_back(random({s, 8, 64}));
+    k.push_back(random({t, 2, 64}));
+    v.push_back(random({t, 2, 64}));
+    std::vector<int32_t> p;
+    for (int64_t i = 0; i < s; ++i) p.push_back(static_cast<int32_t>(t - s + i));
+    pos.push_back(make_i32({s}, p));
+    begin.push_back(total);
+    total += s;
+  }
+  HostTensor out(DType::kF32, {total, 8, 64}), want(DType::kF32, {total, 8, 64});
+  auto entry = [&](int e, const HostTensor& o) {
+    return AttentionParams{.q = q[e],
+                           .k = k[e],
+                           .v = v[e],
+                           .out = o.view().slice_rows(begin[e], begin[e] + q[e].view().dim(0)),
+                           .q_positions = pos[e],
+                           .window = e % 2 == 0 ? 0 : 50};
+  };
+  std::vector<AttentionParams> entries;
+  for (int e = 0; e < kEntries; ++e) entries.push_back(entry(e, out));
+  be_.attention_batch(entries);
+  for (int e = 0; e < kEntries; ++e) be_.attention(entry(e, want));
+  EXPECT_TRUE(same_bits(out, want));
+}
+
 TEST_F(CpuBackendTest, AttentionRejectsBadArguments) {
   HostTensor q = random({2, 3, 8}), k = random({4, 2, 8}), v = random({4, 2, 8});
   HostTensor out(DType::kF32, {2, 3, 8});
