@@ -23,14 +23,10 @@ BIN=${1:?give the folder holding specula and specula_cuda_tests}
 
 machine_header --print
 
-unpack_bins "$BIN"
-SPECULA=$BIN/specula
-TESTS=$BIN/specula_cuda_tests
+use_bins "$BIN"
 
 if has_stage tests; then
-  step cuda_tests 420 cuda_tests.log "$TESTS" --gtest_brief=1 \
-    ${TEST_FILTER:+--gtest_filter="$TEST_FILTER"} --gtest_output="json:$OUT/cuda_tests.json"
-  tail -5 "$OUT/cuda_tests.log"
+  run_cuda_tests "$TESTS" 420
 fi
 
 if has_stage cost; then

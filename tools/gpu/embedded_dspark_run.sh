@@ -35,9 +35,7 @@ SPECULA=$BIN/specula
 mkdir -p "$WORK"
 
 if has_stage tests; then
-  step cuda_tests 300 cuda_tests.log "$BIN/specula_cuda_tests" --gtest_brief=1 \
-    ${TEST_FILTER:+--gtest_filter="$TEST_FILTER"}
-  tail -4 "$OUT/cuda_tests.log"
+  run_cuda_tests "$BIN/specula_cuda_tests" 300
 fi
 
 if has_stage regen; then

@@ -32,15 +32,11 @@ if [[ -z $BIN ]]; then
   SPECULA=$BIN/apps/specula
   TESTS=$BIN/tests/specula_cuda_tests
 else
-  unpack_bins "$BIN"
-  SPECULA=$BIN/specula
-  TESTS=$BIN/specula_cuda_tests
+  use_bins "$BIN"
 fi
 
 if has_stage tests; then
-  step cuda_tests 330 cuda_tests.log "$TESTS" --gtest_brief=1 \
-    ${TEST_FILTER:+--gtest_filter="$TEST_FILTER"} --gtest_output="json:$OUT/cuda_tests.json"
-  tail -5 "$OUT/cuda_tests.log"
+  run_cuda_tests "$TESTS" 330
 fi
 
 if has_stage micro; then

@@ -12,6 +12,11 @@
 #   machine_header [--print]
 #                         date, commit, host, GPUs and nvcc into $OUT/machine.txt
 #                         (and to stdout with --print)
+#   use_bins DIR          unpack_bins DIR, then SPECULA and TESTS name its binaries
+#   run_cuda_tests TESTS LIMIT
+#                         the CUDA test binary TESTS (narrowed by $TEST_FILTER) as
+#                         step `cuda_tests` into $OUT/cuda_tests.log and .json,
+#                         then its last lines and any failed tests printed
 #   unpack_bins DIR       decompresses DIR/*.xz, makes specula and
 #                         specula_cuda_tests executable, adds DIR/../lib (tools/gpu/
 #                         pack_bins.sh) to LD_LIBRARY_PATH and links the binaries'
@@ -68,4 +73,20 @@ unpack_bins() {
     mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src" && note "linked $src -> $PWD"
   fi
   return 0
+}
+
+run_cuda_tests() {
+  local tests=$1 limit=$2
+  step cuda_tests "$limit" cuda_tests.log "$tests" --gtest_brief=1 \
+    ${TEST_FILTER:+--gtest_filter="$TEST_FILTER"} --gtest_output="json:$OUT/cuda_tests.json"
+  local rc=$?
+  tail -5 "$OUT/cuda_tests.log"
+  grep -E "^\[  FAILED" "$OUT/cuda_tests.log" | head -20
+  return $rc
+}
+
+use_bins() {
+  unpack_bins "$1"
+  SPECULA=$1/specula
+  TESTS=$1/specula_cuda_tests
 }

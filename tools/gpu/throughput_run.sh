@@ -20,15 +20,10 @@ BATCHES=${BATCHES:-"1 8 16 32 64"}
 BIN=${1:?usage: throughput_run.sh BIN_DIR}
 
 machine_header --print
-unpack_bins "$BIN"
-SPECULA=$BIN/specula
-TESTS=$BIN/specula_cuda_tests
+use_bins "$BIN"
 
 if has_stage tests; then
-  step cuda_tests 330 cuda_tests.log "$TESTS" --gtest_brief=1 \
-    ${TEST_FILTER:+--gtest_filter="$TEST_FILTER"} --gtest_output="json:$OUT/cuda_tests.json"
-  tail -5 "$OUT/cuda_tests.log"
-  grep -E "^\[  FAILED" "$OUT/cuda_tests.log" | head -20
+  run_cuda_tests "$TESTS" 330
 fi
 
 if has_stage micro; then
