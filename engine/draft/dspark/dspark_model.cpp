@@ -66,7 +66,9 @@ struct DSparkModel::BlockScratch {
 
 // Views of the context-commit scratch (N committed rows of a forward of M tokens).
 struct DSparkModel::CommitScratch {
-  Tensor positions;  // i32 [N]
+  Tensor indices;    // i32 [2N]: positions, then tap_rows (one upload)
+  Tensor positions;  // i32 [N]: each committed row's position
+  Tensor tap_rows;   // i32 [N]: each committed row's row of the forward's taps
   Tensor tt;         // f32 [M, m·H]: the taps concatenated on the feature axis
   Tensor cin;        // f32 [N, m·H]
   Tensor ctx, nc;    // f32 [N, d]
@@ -264,7 +266,9 @@ void DSparkModel::commit_context(std::span<const ContextPiece> pieces, const Ten
   // its whole window, and the scratch must not grow with what it accepted.
   const int64_t R = std::max(N, M);
   carve_into(commit_arena_, be, [&](Arena& a) {
-    s.positions = a.alloc(DType::kI32, {R}).slice_rows(0, N);
+    s.indices = a.alloc(DType::kI32, {2 * R}).slice_rows(0, 2 * N);
+    s.positions = s.indices.slice_rows(0, N);
+    s.tap_rows = s.indices.slice_rows(N, 2 * N);
     s.tt = a.alloc(DType::kF32, {M, m * H});
     s.cin = a.alloc(DType::kF32, {R, m * H}).slice_rows(0, N);
     s.ctx = a.alloc(DType::kF32, {R, d}).slice_rows(0, N);
@@ -272,19 +276,17 @@ void DSparkModel::commit_context(std::span<const ContextPiece> pieces, const Ten
     s.k = a.alloc(DType::kF32, {R, KVD}).slice_rows(0, N);
     s.v = a.alloc(DType::kF32, {R, KVD}).slice_rows(0, N);
   });
-  if (deepspec) {
-    host_idx_.clear();
-    for (const ContextPiece& p : pieces)
-      for (int i = 0; i < p.count; ++i) host_idx_.push_back(static_cast<int32_t>(p.position + i));
-    be.upload_async(host_idx_.data(), s.positions);
-  }
-  // concat_taps: [m, M, H] -> [M, m, H], then each piece's rows.
+  // One upload: the committed rows' positions (RoPE, the cache stores), then
+  // their rows of the taps.
+  host_idx_.clear();
+  for (const ContextPiece& p : pieces)
+    for (int i = 0; i < p.count; ++i) host_idx_.push_back(static_cast<int32_t>(p.position + i));
+  for (const ContextPiece& p : pieces)
+    for (int i = 0; i < p.count; ++i) host_idx_.push_back(static_cast<int32_t>(p.tap_row + i));
+  be.upload_async(host_idx_.data(), s.indices);
+  // concat_taps: [m, M, H] -> [M, m, H], then every piece's rows in one gather.
   be.transpose01(taps, s.tt.reshape({M, m, H}));
-  int64_t at = 0;
-  for (const ContextPiece& p : pieces) {
-    be.copy(s.tt.slice_rows(p.tap_row, p.tap_row + p.count), s.cin.slice_rows(at, at + p.count));
-    at += p.count;
-  }
+  be.gather_rows(s.tt, s.tap_rows, s.cin);
   const float eps = static_cast<float>(c.rms_norm_eps);
   be.linear(s.cin, weights_.context_proj, s.ctx);
   be.rms_norm(s.ctx, weights_.context_norm, eps, s.ctx);
@@ -310,12 +312,19 @@ void DSparkModel::commit_context(std::span<const ContextPiece> pieces, const Ten
       const LinearOut outs[2] = {{w.k_proj, s.k}, {w.v_proj, s.v}};
       be.linear_multi(s.nc, outs);
     }
-    at = 0;
+    // Every piece's rows into its cache at their device positions, one call.
+    store_batch_.clear();
+    int64_t at = 0;
     for (const ContextPiece& p : pieces) {
-      p.kv->write_full(l, p.position, s.k.slice_rows(at, at + p.count).reshape({p.count, KV, D}),
-                       s.v.slice_rows(at, at + p.count).reshape({p.count, KV, D}));
+      const SequenceKv::Storage st = p.kv->store_target(l, p.position, p.count);
+      store_batch_.push_back({.k = s.k.slice_rows(at, at + p.count).reshape({p.count, KV, D}),
+                              .v = s.v.slice_rows(at, at + p.count).reshape({p.count, KV, D}),
+                              .positions = s.positions.slice_rows(at, at + p.count),
+                              .cache_k = st.k,
+                              .cache_v = st.v});
       at += p.count;
     }
+    be.store_kv_batch(store_batch_);
   }
   for (const ContextPiece& p : pieces) p.kv->commit(p.count);
 }
