@@ -53,19 +53,38 @@ namespace {
 // KvT: float (an f32 cache), uint16_t (bf16 bits, widened as they are staged)
 // or uint8_t (fp8 codes, dequantized with their scales k_scales / v_scales,
 // one per (row, kv head), as they are staged; null for the other dtypes).
-template <typename KvT>
+//
+// Batches (kSeqs > 1, attention_batch): kv holds the caches of up to kSeqs
+// sequences of g.s queries each, whose q rows, positions and partial entries
+// follow one another (sequence i's queries are queries i·s .. i·s + s - 1 of
+// the launch); grid z = sequence · g.seq_tiles + pair tile. A block does for
+// its sequence exactly what a launch for that sequence alone does (the same
+// tiles, staging and sums), so the bits are those of separate calls.
+template <typename KvT, int kSeqs>
 __global__ void __launch_bounds__(kPartialThreads, 3)
-    attention_partials_kernel(const float* __restrict__ q, const KvT* __restrict__ k,
-                              const KvT* __restrict__ v, const float* k_scales,
-                              const float* v_scales, const int32_t* __restrict__ q_pos,
-                              float* __restrict__ part_ml, float* __restrict__ part_acc,
-                              AttnGeom g) {
+    attention_partials_kernel(const float* __restrict__ q,
+                              const __grid_constant__ KvSources<KvT, kSeqs> kv,
+                              const int32_t* __restrict__ q_pos, float* __restrict__ part_ml,
+                              float* __restrict__ part_acc, AttnGeom g) {
   // The combine may launch now: it waits (griddepcontrol.wait) for this whole
   // grid to finish, and its memory to be visible, before reading anything.
   // This kernel is itself a programmatic dependent of the kernel before it,
   // and waits for it before touching anything.
   pdl_launch_dependents();
   pdl_wait();
+  const int seq = kSeqs == 1 ? 0 : static_cast<int>(blockIdx.z) / g.seq_tiles;
+  const int pair_tile_index = static_cast<int>(blockIdx.z) - seq * g.seq_tiles;
+  const KvT* __restrict__ k = kv.k[seq];
+  const KvT* __restrict__ v = kv.v[seq];
+  const float* k_scales = kv.k_scales[seq];
+  const float* v_scales = kv.v_scales[seq];
+  if constexpr (kSeqs > 1) {
+    const int64_t q0 = int64_t{seq} * g.s;  // the sequence's first query in the launch
+    q += q0 * g.n_heads * g.d;
+    q_pos += q0;
+    part_ml += 2 * q0 * g.n_heads * g.n_slots;
+    part_acc += q0 * g.n_heads * g.n_slots * g.d;
+  }
   extern __shared__ float4 smem[];
   float* sK = reinterpret_cast<float*>(smem);          // [kChunk][ld] keys of the chunk
   float* sV = sK + kChunk * g.ld;                      // [kChunk][ld] values
@@ -85,7 +104,7 @@ __global__ void __launch_bounds__(kPartialThreads, 3)
   const int64_t c_first = g.derive ? floor_div(hull.lo, kChunk) : g.c_first;
   const int64_t c0 = (c_first + blockIdx.x) * kChunk;  // position of key 0 of the chunk
   const int kvh = static_cast<int>(blockIdx.y);
-  const int64_t pair0 = static_cast<int64_t>(blockIdx.z) * g.pair_tile;
+  const int64_t pair0 = static_cast<int64_t>(pair_tile_index) * g.pair_tile;
   const int np =
       static_cast<int>(min(static_cast<int64_t>(g.pair_tile), int64_t{g.s} * g.group - pair0));
 
@@ -146,31 +165,63 @@ void allow_partials_smem(int device) {
   static std::atomic<uint64_t> done{0};
   const uint64_t bit = device >= 0 && device < 64 ? uint64_t{1} << device : 0;
   if (bit != 0 && (done.load(std::memory_order_relaxed) & bit) != 0) return;
-  check_cuda(cudaFuncSetAttribute(attention_partials_kernel<float>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kMaxPartialsSmem)),
-             "cudaFuncSetAttribute(attention_partials_kernel)");
-  check_cuda(cudaFuncSetAttribute(attention_partials_kernel<uint16_t>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kMaxPartialsSmem)),
-             "cudaFuncSetAttribute(attention_partials_kernel)");
-  check_cuda(cudaFuncSetAttribute(attention_partials_kernel<uint8_t>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(kMaxPartialsSmem)),
-             "cudaFuncSetAttribute(attention_partials_kernel)");
+  auto allow = [](auto kernel) {
+    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(kMaxPartialsSmem)),
+               "cudaFuncSetAttribute(attention_partials_kernel)");
+  };
+  allow(attention_partials_kernel<float, 1>);
+  allow(attention_partials_kernel<uint16_t, 1>);
+  allow(attention_partials_kernel<uint8_t, 1>);
+  allow(attention_partials_kernel<float, kBatchSeqs>);
+  allow(attention_partials_kernel<uint16_t, kBatchSeqs>);
+  allow(attention_partials_kernel<uint8_t, kBatchSeqs>);
   done.fetch_or(bit, std::memory_order_relaxed);
 }
 
-template <typename KvT>
-void launch_partials(const float* q, const KvT* k, const KvT* v, const float* k_scales,
-                     const float* v_scales, const int32_t* q_pos, float* part_ml, float* part_acc,
-                     const AttnGeom& g, int64_t n_chunks, cudaStream_t stream) {
-  const int64_t pairs = int64_t{g.s} * g.group;
+// The partials grid: x = chunks, y = kv heads, z = pair tiles (of every
+// sequence of a batch: sequences · g.seq_tiles).
+template <typename KvT, int kSeqs>
+void launch_partials(const float* q, const KvSources<KvT, kSeqs>& kv, const int32_t* q_pos,
+                     float* part_ml, float* part_acc, const AttnGeom& g, int64_t n_chunks,
+                     int64_t z_tiles, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(n_chunks), static_cast<unsigned>(g.n_kv),
-                  static_cast<unsigned>((pairs + g.pair_tile - 1) / g.pair_tile));
-  launch_pdl(attention_partials_kernel<KvT>, grid, dim3(kPartialThreads),
-             partials_smem_bytes(g.d, g.pair_tile), stream, "attention_partials_kernel", q, k, v,
-             k_scales, v_scales, q_pos, part_ml, part_acc, g);
+                  static_cast<unsigned>(z_tiles));
+  launch_pdl(attention_partials_kernel<KvT, kSeqs>, grid, dim3(kPartialThreads),
+             partials_smem_bytes(g.d, g.pair_tile), stream, "attention_partials_kernel", q, kv,
+             q_pos, part_ml, part_acc, g);
+}
+
+// Pair tiles of one sequence of g.s queries.
+int64_t pair_tiles(const AttnGeom& g) {
+  const int64_t pairs = int64_t{g.s} * g.group;
+  return (pairs + g.pair_tile - 1) / g.pair_tile;
+}
+
+// Runs f(KvSources<KvT, kSeqs>) with the cache element type of `dtype`: the
+// dispatch every partials launch shares.
+template <int kSeqs, typename F>
+void with_kv_type(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kF8E4M3:
+      f(KvSources<uint8_t, kSeqs>{});
+      break;
+    case DType::kBF16:
+      f(KvSources<uint16_t, kSeqs>{});
+      break;
+    default:
+      f(KvSources<float, kSeqs>{});
+      break;
+  }
+}
+
+// Entry i of `kv` from the cache tensors of p (scales for fp8 only).
+template <typename KvT, int kSeqs>
+void set_source(KvSources<KvT, kSeqs>& kv, int i, const AttentionParams& p) {
+  kv.k[i] = p.k.data_as<const KvT>();
+  kv.v[i] = p.v.data_as<const KvT>();
+  kv.k_scales[i] = std::is_same_v<KvT, uint8_t> ? p.k.scale_data() : nullptr;
+  kv.v_scales[i] = std::is_same_v<KvT, uint8_t> ? p.v.scale_data() : nullptr;
 }
 
 }  // namespace
@@ -250,7 +301,8 @@ AttnPlan plan_attention(CudaBackend& be, const AttentionParams& p, const ops::At
   if (per_query > 0) {
     const size_t bytes = std::max(kPartialsBudget, per_query);
     base = be.scratch(be.attn_partials_, bytes);
-    tile = std::min<int64_t>(s_len, static_cast<int64_t>(bytes / per_query));
+    plan.query_capacity = static_cast<int64_t>(bytes / per_query);
+    tile = std::min<int64_t>(s_len, plan.query_capacity);
   }
   // Grid z of the partials kernel is at most 65535 pair tiles; the combine grid
   // (x = tile · H blocks) at most INT_MAX.
@@ -293,7 +345,6 @@ void CudaBackend::attention(const AttentionParams& p) {
   // (The tensor-core prefill path reads a bf16 cache through f32 copies of
   // its keys and values, up to kPrefillWidenBudget; past that a bf16 cache
   // takes the partials kernels, which widen its rows as they stage them.)
-  const bool bf16_kv = p.k.dtype() == DType::kBF16;
   if (p.allow_fast_prefill && !dims.ring && s_len >= kFastPrefillQueries && dims.keys > 0 &&
       prefill_widen_bytes(p) <= kPrefillWidenBudget) {
     attention_prefill_gemm(*this, p);
@@ -310,23 +361,112 @@ void CudaBackend::attention(const AttentionParams& p) {
     set_tile(g, p, s0, std::min(plan.tile, s_len - s0), s_len);
     const int64_t offset = s0 * n_heads * d;
     if (plan.n_chunks > 0) {
-      if (p.k.dtype() == DType::kF8E4M3) {
-        launch_partials(q + offset, p.k.data_as<const uint8_t>(), p.v.data_as<const uint8_t>(),
-                        p.k.scale_data(), p.v.scale_data(), pos + s0, plan.part_ml, plan.part_acc,
-                        g, plan.grid_chunks(g.s), stream());
-      } else if (bf16_kv) {
-        launch_partials(q + offset, p.k.data_as<const uint16_t>(), p.v.data_as<const uint16_t>(),
-                        nullptr, nullptr, pos + s0, plan.part_ml, plan.part_acc, g,
-                        plan.grid_chunks(g.s), stream());
-      } else {
-        launch_partials(q + offset, p.k.data_as<const float>(), p.v.data_as<const float>(), nullptr,
-                        nullptr, pos + s0, plan.part_ml, plan.part_acc, g, plan.grid_chunks(g.s),
-                        stream());
-      }
+      with_kv_type<1>(p.k.dtype(), [&](auto kv) {
+        set_source(kv, 0, p);
+        launch_partials(q + offset, kv, pos + s0, plan.part_ml, plan.part_acc, g,
+                        plan.grid_chunks(g.s), pair_tiles(g), stream());
+      });
     }
     dispatch_combine(plan.nr, std::make_integer_sequence<int, kMaxLaneDims>{}, pos + s0,
                      plan.part_ml, plan.part_acc, out + offset, g,
                      /*after_partials=*/plan.n_chunks > 0, stream());
+  }
+}
+
+namespace {
+
+// Whether entry e can share entry `first`'s batched launch as its i-th
+// sequence: the same geometry (dims, cache dtype and layout, window, scale,
+// alignment), a recordable derived launch (positions_bound) outside the
+// prefill path, and q, out and q_positions that continue those of `first` (so
+// one combine launch covers every sequence).
+bool joins_batch(const AttentionParams& first, const ops::AttentionDims& d0,
+                 const AttentionParams& e, const ops::AttentionDims& d, int64_t i) {
+  const auto derived = [](const AttentionParams& p) { return p.positions_bound > 0 && p.causal; };
+  const auto vec4 = [](const AttentionParams& p) {
+    return aligned16(p.q.data()) && aligned16(p.k.data()) && aligned16(p.v.data());
+  };
+  // Where entry i's copy of tensor t of `first` would start: right after i
+  // tensors of t's size (entries have the same shapes).
+  const auto at = [&](const Tensor& t, size_t elem_bytes) {
+    return static_cast<const char*>(t.data()) + static_cast<size_t>(i) * t.numel() * elem_bytes;
+  };
+  if (!derived(e) || e.allow_fast_prefill || e.out.numel() == 0) return false;
+  if (d.queries != d0.queries || d.heads != d0.heads || d.kv_heads != d0.kv_heads ||
+      d.head_dim != d0.head_dim || d.ring != d0.ring) {
+    return false;
+  }
+  if (e.k.dtype() != first.k.dtype() || e.window != first.window || e.scale != first.scale ||
+      vec4(e) != vec4(first)) {
+    return false;
+  }
+  // A ring's rows and a full cache's key 0 enter the geometry of the launch.
+  if (d.ring ? e.k.dim(0) != first.k.dim(0) : e.k_pos0 != first.k_pos0) return false;
+  return e.q.data() == at(first.q, sizeof(float)) && e.out.data() == at(first.out, sizeof(float)) &&
+         e.q_positions.data() == at(first.q_positions, sizeof(int32_t));
+}
+
+}  // namespace
+
+// See Backend::attention_batch. Runs of consecutive entries that joins_batch
+// admits (up to kBatchSeqs, and as many as the partials scratch holds) take
+// one partials launch (attention_partials_kernel<KvT, kBatchSeqs>: a block per
+// (chunk, kv head, sequence, pair tile)) and one combine launch over all their
+// queries; any other entry is an attention() call. A batched sequence's
+// blocks do what attention() launches for it alone (its own pair tiles and
+// key staging; the partial slots are sized for the batch's largest
+// positions_bound, which changes no sum), so the bits are the same.
+void CudaBackend::attention_batch(std::span<const AttentionParams> entries) {
+  OpTimer timer(*this, "attention_batch");
+  size_t i = 0;
+  while (i < entries.size()) {
+    const AttentionParams& first = entries[i];
+    const ops::AttentionDims d0 = check_cuda_attention(*this, first);
+    size_t n = 1;
+    int64_t bound = first.positions_bound;
+    while (i + n < entries.size() && n < static_cast<size_t>(kBatchSeqs)) {
+      const AttentionParams& e = entries[i + n];
+      const ops::AttentionDims d = check_cuda_attention(*this, e);
+      if (!joins_batch(first, d0, e, d, static_cast<int64_t>(n))) break;
+      bound = std::max(bound, e.positions_bound);
+      ++n;
+    }
+    if (n < 2 || !joins_batch(first, d0, first, d0, 0)) {
+      attention(first);
+      ++i;
+      continue;
+    }
+    // Every entry's own checks (keys within its positions_bound) as attention()
+    // makes them; the plan itself is entry 0's at the batch's largest bound.
+    for (size_t j = 0; j < n; ++j) {
+      plan_attention(*this, entries[i + j], check_cuda_attention(*this, entries[i + j]));
+    }
+    AttentionParams widest = first;
+    widest.positions_bound = bound;
+    AttnPlan plan = plan_attention(*this, widest, d0);
+    const int64_t s = d0.queries;
+    n = std::min<size_t>(n, static_cast<size_t>(plan.query_capacity / s));
+    if (n < 2 || plan.n_chunks == 0) {
+      attention(first);
+      ++i;
+      continue;
+    }
+    AttnGeom& g = plan.g;
+    set_tile(g, first, 0, s, s);
+    g.release_next = false;  // several sequences: measured slower (see the combine)
+    g.seq_tiles = static_cast<int>(pair_tiles(g));
+    with_kv_type<kBatchSeqs>(first.k.dtype(), [&](auto kv) {
+      for (size_t j = 0; j < n; ++j) set_source(kv, static_cast<int>(j), entries[i + j]);
+      launch_partials(first.q.data_as<const float>(), kv,
+                      first.q_positions.data_as<const int32_t>(), plan.part_ml, plan.part_acc, g,
+                      plan.grid_chunks(s), static_cast<int64_t>(n) * g.seq_tiles, stream());
+    });
+    AttnGeom all = g;
+    all.s = static_cast<int>(static_cast<int64_t>(n) * s);
+    dispatch_combine(plan.nr, std::make_integer_sequence<int, kMaxLaneDims>{},
+                     first.q_positions.data_as<const int32_t>(), plan.part_ml, plan.part_acc,
+                     first.out.data_as<float>(), all, /*after_partials=*/true, stream());
+    i += n;
   }
 }
 

@@ -96,6 +96,24 @@ struct AttnGeom {
   // 5-8 queries at D = 256), see fused_late_v_rows().
   int v_early;
   float scale;
+  // Partials of a batch (attention_batch): pair tiles per sequence (grid z =
+  // sequence · seq_tiles + tile); unused by single-sequence launches.
+  int seq_tiles;
+};
+
+// Sequences one batched partials launch serves (the size of its by-value
+// table of caches: 2 KB of kernel parameters for 64).
+constexpr int kBatchSeqs = 64;
+
+// The caches the partials kernel reads: sequence i's keys and values (and,
+// for an fp8 cache, their scales; null otherwise). One entry for a
+// single-sequence launch, kBatchSeqs for a batch.
+template <typename KvT, int kSeqs>
+struct KvSources {
+  const KvT* k[kSeqs];
+  const KvT* v[kSeqs];
+  const float* k_scales[kSeqs];
+  const float* v_scales[kSeqs];
 };
 
 __host__ __device__ inline int64_t floor_div(int64_t x, int64_t y) {
@@ -170,8 +188,7 @@ __device__ inline void stage_row(float* dst, const uint16_t* src, const AttnGeom
 // row's, zero padding. Coherent loads: the cache is written by earlier kernels.
 __device__ inline void stage_row_fp8(float* dst, const uint8_t* src, float scale, const AttnGeom& g,
                                      int lane) {
-  for (int i = lane; i < g.d; i += 32)
-    dst[i] = e4m3_dequant(load_act(src + i), scale);
+  for (int i = lane; i < g.d; i += 32) dst[i] = e4m3_dequant(load_act(src + i), scale);
   for (int i = g.d + lane; i < (g.d + 3) / 4 * 4; i += 32) dst[i] = 0.0f;
 }
 
@@ -579,8 +596,9 @@ inline bool aligned16(const void* p) {
 // geometry, the partials grid, the query tile and the partials scratch.
 struct AttnPlan {
   AttnGeom g{};
-  int64_t n_chunks = 0;  // chunks the key tensor touches (0: no partials kernel)
-  int64_t tile = 0;      // queries per launch
+  int64_t n_chunks = 0;        // chunks the key tensor touches (0: no partials kernel)
+  int64_t tile = 0;            // queries per launch
+  int64_t query_capacity = 0;  // queries whose partials fit the scratch (0: no partials)
   float* part_acc = nullptr;
   float* part_ml = nullptr;
   int nr = 0;  // combine lanes' dims: ceil(D / 32)

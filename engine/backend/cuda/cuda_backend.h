@@ -87,6 +87,7 @@ class CudaBackend final : public Backend {
 
   // ---- attention (cuda_attention.cu) ----
   void attention(const AttentionParams& p) override;
+  void attention_batch(std::span<const AttentionParams> entries) override;
   void attention_with_inputs(const AttentionInputsParams& inputs,
                              const AttentionParams& p) override;
 
@@ -103,6 +104,7 @@ class CudaBackend final : public Backend {
   void attention_inputs(const AttentionInputsParams& p) override;
   void store_kv(const Tensor& k, const Tensor& v, const Tensor& positions, const Tensor& cache_k,
                 const Tensor& cache_v) override;
+  void store_kv_batch(std::span<const StoreKvParams> entries) override;
   void gelu_mul(const Tensor& gate, const Tensor& up, const Tensor& out) override;
   void gelu(const Tensor& x, const Tensor& out) override;
   void add(const Tensor& a, const Tensor& b, const Tensor& out) override;

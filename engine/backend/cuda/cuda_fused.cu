@@ -90,19 +90,35 @@ __device__ __forceinline__ void store_vector(const float* src, typename Conv::El
   for (int64_t i = lane; i < d; i += 32) dst[i] = Conv::encode(load_act(src + i), s);
 }
 
+// Where store_kv_kernel writes the rows of one sequence: its caches of
+// `rows` rows, and for fp8 their scales (null otherwise).
+template <typename Elem>
+struct KvStoreDest {
+  Elem* k;
+  Elem* v;
+  float* scale_k;
+  float* scale_v;
+  int64_t rows;
+};
+// Sequences one batched store launch serves (by value: 2.5 KB of parameters).
+constexpr int kStoreBatchSeqs = 64;
+template <typename Elem, int kSeqs>
+struct KvStoreDests {
+  KvStoreDest<Elem> seq[kSeqs];
+};
+
 // store_kv for every cache dtype: one warp per (row, kv head) vector of the n
 // rows; row i goes to row positions[i] mod R (scales: one per (row, kv head),
 // for fp8 only, else null). A negative position cannot throw in a kernel: that
 // row is not written. k, v and positions are read with load_act (no
 // __restrict__ on them, so the compiler cannot turn the loads into read-only
-// ones): see cuda_launch.cuh.
-template <typename Conv>
+// ones): see cuda_launch.cuh. A batch (kSeqs > 1, store_kv_batch): row i
+// belongs to sequence i / seq_rows and goes to that sequence's caches.
+template <typename Conv, int kSeqs>
 __global__ void __launch_bounds__(kThreads)
     store_kv_kernel(const float* k, const float* v, const int32_t* positions,
-                    typename Conv::Elem* __restrict__ cache_k,
-                    typename Conv::Elem* __restrict__ cache_v, float* __restrict__ scale_k,
-                    float* __restrict__ scale_v, int64_t rows, int64_t heads, int64_t d,
-                    int64_t cache_rows) {
+                    const __grid_constant__ KvStoreDests<typename Conv::Elem, kSeqs> dests,
+                    int64_t rows, int64_t seq_rows, int64_t heads, int64_t d) {
   pdl_enter();
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t total = rows * heads;
@@ -111,12 +127,39 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t r = w / heads;
     const int32_t pos = load_act(positions + r);
     if (pos < 0) continue;  // warp-uniform
-    const int64_t dst = (static_cast<int64_t>(pos) % cache_rows) * heads + (w - r * heads);
-    store_vector<Conv>(k + w * d, cache_k + dst * d, Conv::kScaled ? scale_k + dst : nullptr, d,
+    const KvStoreDest<typename Conv::Elem>& c = dests.seq[kSeqs == 1 ? 0 : r / seq_rows];
+    const int64_t dst = (static_cast<int64_t>(pos) % c.rows) * heads + (w - r * heads);
+    store_vector<Conv>(k + w * d, c.k + dst * d, Conv::kScaled ? c.scale_k + dst : nullptr, d,
                        lane);
-    store_vector<Conv>(v + w * d, cache_v + dst * d, Conv::kScaled ? scale_v + dst : nullptr, d,
+    store_vector<Conv>(v + w * d, c.v + dst * d, Conv::kScaled ? c.scale_v + dst : nullptr, d,
                        lane);
   }
+}
+
+// Runs f(Conv{}) with the store conversion of a cache dtype.
+template <typename F>
+void with_store_conv(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kBF16:
+      f(StoreBf16{});
+      break;
+    case DType::kF8E4M3:
+      f(StoreFp8{});
+      break;
+    default:
+      f(StoreF32{});
+      break;
+  }
+}
+
+// Destination entry of the caches of one store.
+template <typename Conv>
+KvStoreDest<typename Conv::Elem> store_dest(const Tensor& cache_k, const Tensor& cache_v,
+                                            int64_t cache_rows) {
+  using Elem = typename Conv::Elem;
+  return {cache_k.data_as<Elem>(), cache_v.data_as<Elem>(),
+          Conv::kScaled ? const_cast<float*>(cache_k.scale_data()) : nullptr,
+          Conv::kScaled ? const_cast<float*>(cache_v.scale_data()) : nullptr, cache_rows};
 }
 
 // convert f32 -> fp8: row w (of d values) of src into row w of dst and
@@ -434,26 +477,72 @@ void CudaBackend::store_kv(const Tensor& k, const Tensor& v, const Tensor& posit
   if (dims.rows == 0 || dims.row_floats == 0) return;
   const int64_t heads = k.dim(1);
   const int64_t d = k.dim(2);
-  auto launch = [&](auto conv) {
+  with_store_conv(cache_k.dtype(), [&](auto conv) {
     using Conv = decltype(conv);
-    using Elem = typename Conv::Elem;
-    float* sk = Conv::kScaled ? const_cast<float*>(cache_k.scale_data()) : nullptr;
-    float* sv = Conv::kScaled ? const_cast<float*>(cache_v.scale_data()) : nullptr;
-    launch_pdl(store_kv_kernel<Conv>, grid_for(dims.rows * heads, kWarps), kThreads, 0, stream(),
+    KvStoreDests<typename Conv::Elem, 1> dests{
+        {store_dest<Conv>(cache_k, cache_v, dims.cache_rows)}};
+    launch_pdl(store_kv_kernel<Conv, 1>, grid_for(dims.rows * heads, kWarps), kThreads, 0, stream(),
                "store_kv_kernel", k.data_as<const float>(), v.data_as<const float>(),
-               positions.data_as<const int32_t>(), cache_k.data_as<Elem>(), cache_v.data_as<Elem>(),
-               sk, sv, dims.rows, heads, d, dims.cache_rows);
-  };
-  switch (cache_k.dtype()) {
-    case DType::kBF16:
-      launch(StoreBf16{});
-      break;
-    case DType::kF8E4M3:
-      launch(StoreFp8{});
-      break;
-    default:
-      launch(StoreF32{});
-      break;
+               positions.data_as<const int32_t>(), dests, dims.rows, dims.rows, heads, d);
+  });
+}
+
+// See Backend::store_kv_batch. Runs of consecutive entries with one cache
+// dtype and row count whose k, v and positions continue the first entry's (the
+// rows of a batched step) take one store_kv_kernel launch (up to
+// kStoreBatchSeqs); other entries are store_kv calls. Every row is stored by
+// the same warp arithmetic as store_kv's, so the bytes are the same.
+void CudaBackend::store_kv_batch(std::span<const StoreKvParams> entries) {
+  OpTimer timer(*this, "store_kv_batch");
+  constexpr const char* kOp = "store_kv_batch";
+  size_t i = 0;
+  while (i < entries.size()) {
+    const StoreKvParams& first = entries[i];
+    auto check = [&](const StoreKvParams& e) {
+      check_on(*this, kOp, "k", e.k);
+      check_on(*this, kOp, "v", e.v);
+      check_on(*this, kOp, "positions", e.positions);
+      check_on(*this, kOp, "cache_k", e.cache_k);
+      check_on(*this, kOp, "cache_v", e.cache_v);
+      return ops::check_store_kv(kOp, e.k, e.v, e.positions, e.cache_k, e.cache_v);
+    };
+    const ops::StoreKvDims d0 = check(first);
+    // Entry j continues the first's rows: its tensors start j tensors further.
+    auto follows = [&](const Tensor& t0, const Tensor& t, size_t j) {
+      return t.data() == static_cast<const char*>(t0.data()) + j * t0.nbytes();
+    };
+    size_t n = 1;
+    while (i + n < entries.size() && n < static_cast<size_t>(kStoreBatchSeqs)) {
+      const StoreKvParams& e = entries[i + n];
+      check(e);
+      if (e.k.shape() != first.k.shape() || e.cache_k.dtype() != first.cache_k.dtype() ||
+          !follows(first.k, e.k, n) || !follows(first.v, e.v, n) ||
+          !follows(first.positions, e.positions, n)) {
+        break;
+      }
+      ++n;
+    }
+    if (n < 2 || d0.rows == 0 || d0.row_floats == 0) {
+      store_kv(first.k, first.v, first.positions, first.cache_k, first.cache_v);
+      ++i;
+      continue;
+    }
+    const int64_t heads = first.k.dim(1);
+    const int64_t d = first.k.dim(2);
+    const int64_t rows = static_cast<int64_t>(n) * d0.rows;
+    with_store_conv(first.cache_k.dtype(), [&](auto conv) {
+      using Conv = decltype(conv);
+      KvStoreDests<typename Conv::Elem, kStoreBatchSeqs> dests{};
+      for (size_t j = 0; j < n; ++j) {
+        const StoreKvParams& e = entries[i + j];
+        dests.seq[j] = store_dest<Conv>(e.cache_k, e.cache_v, e.cache_k.dim(0));
+      }
+      launch_pdl(store_kv_kernel<Conv, kStoreBatchSeqs>, grid_for(rows * heads, kWarps), kThreads,
+                 0, stream(), "store_kv_kernel", first.k.data_as<const float>(),
+                 first.v.data_as<const float>(), first.positions.data_as<const int32_t>(), dests,
+                 rows, d0.rows, heads, d);
+    });
+    i += n;
   }
 }
 
