@@ -451,6 +451,10 @@ void CudaBackend::attention_batch(std::span<const AttentionParams> entries) {
       ++i;
       continue;
     }
+    // The plan laid out (m, l) after one sequence's accumulators; the batch's
+    // n·s queries need theirs first.
+    plan.part_ml = plan.part_acc + static_cast<int64_t>(n) * s * d0.heads * plan.g.n_slots *
+                                       d0.head_dim;
     AttnGeom& g = plan.g;
     set_tile(g, first, 0, s, s);
     g.release_next = false;  // several sequences: measured slower (see the combine)
