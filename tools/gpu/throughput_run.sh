@@ -2,14 +2,15 @@
 # One GPU run for batched throughput (#30): the CUDA tests, then `bench --micro`
 # on the 31B shape at batch 1 8 16 32 64 with a bf16 and an fp8 KV cache (each
 # step against its limit max(bytes / copy, flops / peak), with a verify window of
-# every batch), a kernel trace of the batch-8 step, and the smaller presets
+# every batch), kernel traces of the batch-8 and batch-64 steps, and the smaller presets
 # (E2B, E4B, 26B-A4B) at batch 1 and 8 with their cache capacity. A summary
 # table last; logs and JSON under $OUT.
 #
 #   OUT=/tmp/out bash tools/gpu/throughput_run.sh BIN_DIR
 # BIN_DIR holds specula and specula_cuda_tests (or their .xz; tools/gpu/pack_bins.sh).
 # Environment: STAGES="tests micro trace presets" (any subset), TEST_FILTER (gtest
-# filter), BATCHES (31B batches, default "1 8 16 32 64").
+# filter), BATCHES (31B batches, default "1 8 16 32 64"), TRACE_BATCHES (31B batches
+# traced kernel by kernel, default "8 64").
 set -uo pipefail
 
 OUT=${OUT:?set OUT to the folder for logs and results}
@@ -17,6 +18,7 @@ STEP_KILL_AFTER=20
 source "$(dirname "$0")/lib.sh"
 STAGES=${STAGES:-"tests micro trace presets"}
 BATCHES=${BATCHES:-"1 8 16 32 64"}
+TRACE_BATCHES=${TRACE_BATCHES:-"8 64"}
 BIN=${1:?usage: throughput_run.sh BIN_DIR}
 
 machine_header --print
@@ -36,9 +38,11 @@ if has_stage micro; then
 fi
 
 if has_stage trace; then
-  step "trace 31b batch 8" 200 trace_31b_b8.log env TRACE_OUT="$OUT/trace_31b_b8.csv" \
-    bash "$(dirname "$0")/kernel_trace.sh" "$SPECULA" bench --device cuda --random-weights 31b \
-    --micro --no-draft --batch 8 --reps 3 --prefill-tokens 64
+  for b in $TRACE_BATCHES; do
+    step "trace 31b batch $b" 200 "trace_31b_b$b.log" env TRACE_OUT="$OUT/trace_31b_b$b.csv" \
+      bash "$(dirname "$0")/kernel_trace.sh" "$SPECULA" bench --device cuda --random-weights 31b \
+      --micro --no-draft --batch "$b" --reps 3 --prefill-tokens 64
+  done
 fi
 
 if has_stage presets; then
@@ -57,7 +61,11 @@ for f in "$OUT"/micro_*.json; do
     $m.decode[] | [$name, .batch, (.step_ms * 1000 | round / 1000),
       ((.limit_fraction * 1000 | round) / 10 | tostring + "%"), .bound,
       ((.verify.ratio * 1000 | round) / 1000), $fit] | @tsv' "$f" 2>/dev/null
-done | column -t -N "run,batch,step_ms,of_limit,bound,verify/step,kv_tokens_fit"
+done | { if command -v column >/dev/null; then
+  column -t -N "run,batch,step_ms,of_limit,bound,verify/step,kv_tokens_fit"
+else  # the GPU machine has no column(1)
+  echo "run batch step_ms of_limit bound verify/step kv_tokens_fit"; cat
+fi; }
 for f in "$OUT"/micro_*.json; do
   [[ -s $f ]] || continue
   echo "-- $(basename "$f" .json) goals"
