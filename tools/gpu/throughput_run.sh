@@ -4,7 +4,8 @@
 # step against its limit max(bytes / copy, flops / peak), with a verify window of
 # every batch), kernel traces of the batch-8 and batch-64 steps, and the smaller presets
 # (E2B, E4B, 26B-A4B) at batch 1 and 8 with their cache capacity. A summary
-# table last; logs and JSON under $OUT.
+# table last; logs and JSON under $OUT in throughput_logs.tgz (the device tool brings
+# back 8 files at most).
 #
 #   OUT=/tmp/out bash tools/gpu/throughput_run.sh BIN_DIR
 # BIN_DIR holds specula and specula_cuda_tests (or their .xz; tools/gpu/pack_bins.sh).
@@ -72,3 +73,7 @@ for f in "$OUT"/micro_*.json; do
   jq -r '.micro.goals[] | "  \(.goal): \(.value * 1000 | round / 1000) (\(.target)) \(if .met then "met" else "NOT met" end)"' "$f"
 done
 cat "$STATUS"
+# The device tool brings back at most 8 files: one archive of the logs and
+# JSON (the kernel CSVs are large; their breakdowns are in the trace logs).
+tar czf "$OUT/throughput_logs.tgz" -C "$OUT" --exclude='*.csv' --exclude=throughput_logs.tgz .
+find "$OUT" -maxdepth 1 -type f ! -name throughput_logs.tgz -delete
