@@ -121,15 +121,21 @@ __global__ void __launch_bounds__(kPartialThreads, 3)
       const int64_t h = int64_t{kvh} * g.group + pair % g.group;
       stage_row(sQ + p * g.ld, q + ((pair / g.group) * g.n_heads + h) * g.d, g, lane);
     }
-    for (int j = j0 + warp; j <= j1; j += kPartialWarps) {
-      const int64_t r = key_row(c0 + j);
-      stage_kv_row(sK + j * g.ld, k_head + r * kv_row, k_scales, r, kvh, g, lane);
-    }
+    stage_kv_rows<KvT>(
+        sK, j0 + warp, j1,
+        [&](int j) {
+          const int64_t r = key_row(c0 + j);
+          return KvRowRef<KvT>{k_head + r * kv_row, r};
+        },
+        k_scales, kvh, g, lane);
     __pipeline_commit();
-    for (int j = j0 + warp; j <= j1; j += kPartialWarps) {
-      const int64_t r = key_row(c0 + j);
-      stage_kv_row(sV + j * g.ld, v_head + r * kv_row, v_scales, r, kvh, g, lane);
-    }
+    stage_kv_rows<KvT>(
+        sV, j0 + warp, j1,
+        [&](int j) {
+          const int64_t r = key_row(c0 + j);
+          return KvRowRef<KvT>{v_head + r * kv_row, r};
+        },
+        v_scales, kvh, g, lane);
     __pipeline_commit();
   };
   // Eager: stage every row of the chunk inside the key tensor before reading

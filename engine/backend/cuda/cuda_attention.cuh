@@ -205,6 +205,117 @@ __device__ inline void stage_kv_row(float* dst, const KvT* head_row, const float
   }
 }
 
+// Rows of a chunk one warp stages (rows j ≡ warp mod kPartialWarps).
+constexpr int kWarpRows = kChunk / kPartialWarps;
+static_assert(kWarpRows * kPartialWarps == kChunk, "a chunk's rows are split evenly over the warps");
+
+// One cache row of a kv head: its first element and its row in the cache.
+template <typename KvT>
+struct KvRowRef {
+  const KvT* head_row;
+  int64_t row;
+};
+
+// Rows whose loads a lane holds at once in stage_kv_rows (of 256 elements;
+// half as many longer rows): 8 registers of bf16, few enough that the partials
+// and fused kernels (80 registers) do not spill.
+constexpr int kGroupRows = 2;
+
+// Part of stage_kv_rows: rows j_first + i · kPartialWarps (i < kGroupRows /
+// kRounds, <= j_last) of d <= 256 · kRounds elements each, every load issued
+// before any row is widened and stored.
+template <typename KvT, int kRounds, typename SrcOf>
+__device__ inline void stage_kv_row_group(float* dst, int j_first, int j_last, SrcOf src_of,
+                                          const float* scales, int kvh, const AttnGeom& g,
+                                          int lane) {
+  constexpr bool kFp8 = std::is_same_v<KvT, uint8_t>;
+  constexpr int kRows = kGroupRows / kRounds;
+  using Vec = std::conditional_t<kFp8, uint2, uint4>;  // 8 elements
+  Vec buf[kRows][kRounds];
+  float scale[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int j = j_first + i * kPartialWarps;
+    scale[i] = 1.0f;
+    if (j > j_last) continue;
+    const auto [head_row, row] = src_of(j);
+#pragma unroll
+    for (int u = 0; u < kRounds; ++u) {
+      const int e = (32 * u + lane) * 8;
+      if (e < g.d) buf[i][u] = load_act(reinterpret_cast<const Vec*>(head_row + e));
+    }
+    if constexpr (kFp8) scale[i] = load_act(scales + row * g.n_kv + kvh);
+  }
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int j = j_first + i * kPartialWarps;
+    if (j > j_last) continue;
+#pragma unroll
+    for (int u = 0; u < kRounds; ++u) {
+      const int e = (32 * u + lane) * 8;
+      if (e >= g.d) continue;
+      float v[8];
+      if constexpr (kFp8) {
+        const uint2 b = buf[i][u];
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          v[t] = e4m3_dequant((b.x >> (8 * t)) & 0xffu, scale[i]);
+          v[4 + t] = e4m3_dequant((b.y >> (8 * t)) & 0xffu, scale[i]);
+        }
+      } else {
+        const uint4 b = buf[i][u];
+        const uint32_t w[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+          v[2 * t] = bf16_bits_to_f32(w[t] & 0xffffu);
+          v[2 * t + 1] = bf16_bits_to_f32(w[t] >> 16);
+        }
+      }
+      float4* out = reinterpret_cast<float4*>(dst + j * g.ld + e);
+      out[0] = make_float4(v[0], v[1], v[2], v[3]);
+      out[1] = make_float4(v[4], v[5], v[6], v[7]);
+    }
+  }
+}
+
+// Stages rows j = j_first, j_first + kPartialWarps, ... <= j_last (at most
+// kWarpRows of them, j_last - j_first < kChunk) of one cache, K or V, into
+// dst + j · g.ld: the f32 values stage_kv_row writes, row by row. src_of(j)
+// gives the row's KvRowRef.
+//
+// Why not stage_kv_row in a loop: a bf16 or fp8 row is widened through
+// registers, and a warp loading one row, storing it and only then loading the
+// next waited a full memory latency per row (31B at batch 64 on an H200: the
+// partials kernel read its bf16 cache at 0.87 TB/s). Here every row's loads
+// (8 elements a lane: 16 bytes of bf16, 8 of fp8 codes) are issued before any
+// is widened. Needs d % 8 == 0 and 16-byte aligned caches (g.vec4); else,
+// and for f32 caches (cp.async, already asynchronous), stage_kv_row per row.
+template <typename KvT, typename SrcOf>
+__device__ inline void stage_kv_rows(float* dst, int j_first, int j_last, SrcOf src_of,
+                                     const float* scales, int kvh, const AttnGeom& g, int lane) {
+  const auto row_by_row = [&] {
+    for (int j = j_first; j <= j_last; j += kPartialWarps) {
+      const auto [head_row, row] = src_of(j);
+      stage_kv_row(dst + j * g.ld, head_row, scales, row, kvh, g, lane);
+    }
+  };
+  if constexpr (std::is_same_v<KvT, float>) {
+    row_by_row();
+  } else if (!g.vec4 || g.d % 8 != 0) {
+    row_by_row();
+  } else if (g.d <= 256) {
+    for (int i = 0; i < kWarpRows; i += kGroupRows) {
+      stage_kv_row_group<KvT, 1>(dst, j_first + i * kPartialWarps, j_last, src_of, scales, kvh, g,
+                                 lane);
+    }
+  } else {
+    for (int i = 0; i < kWarpRows; i += kGroupRows / 2) {
+      stage_kv_row_group<KvT, 2>(dst, j_first + i * kPartialWarps, j_last, src_of, scales, kvh, g,
+                                 lane);
+    }
+  }
+}
+
 // Pairs per register tile in the partials block (one staged k or v float4 read
 // serves TP pairs). Fewer pairs: smaller tiles, so more warps share the work.
 // Never changes results: each pair's arithmetic is the same for every TP.
