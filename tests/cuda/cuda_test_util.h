@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "engine/backend/backends.h"
@@ -50,6 +51,25 @@ struct Twin {
     return out;
   }
 };
+
+// Fills a host f32 tensor with NaN so that an output element the GPU never writes fails.
+inline void poison(const HostTensor& t) {
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = std::numeric_limits<float>::quiet_NaN();
+}
+
+// A twin output tensor whose device copy starts as NaN.
+inline Twin poisoned_output(Shape shape) {
+  Twin y(DType::kF32, shape);
+  poison(y.host);
+  y.push();
+  return y;
+}
+
+// Whether n floats at a and b have the same bits.
+inline bool same_bits(const float* a, const float* b, int64_t n) {
+  return std::memcmp(a, b, static_cast<size_t>(n) * sizeof(float)) == 0;
+}
 
 // max |a - b| / (max |b| + tiny) style comparison: fails listing the worst index.
 inline void expect_close(const Tensor& got, const Tensor& want, float rel_tol, const char* what) {

@@ -32,20 +32,6 @@ constexpr float kEmbeddingTol = 0.0f;
 
 constexpr DType kWeightDtypes[] = {DType::kF32, DType::kBF16, DType::kF16};
 
-// Fills a host f32 tensor with NaN so that an output element the GPU never writes fails.
-void poison(const HostTensor& t) {
-  float* p = t.data<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) p[i] = std::numeric_limits<float>::quiet_NaN();
-}
-
-// A twin output tensor whose device copy starts as NaN.
-Twin poisoned_output(Shape shape) {
-  Twin y(DType::kF32, shape);
-  poison(y.host);
-  y.push();
-  return y;
-}
-
 // y f32 [1, N] of row r of x [M, K] multiplied alone (a one-row, decode-path call).
 HostTensor one_row_linear(const Twin& x, int64_t r, const Twin& w) {
   const int64_t k = x.host.shape().dim(1);
@@ -56,10 +42,6 @@ HostTensor one_row_linear(const Twin& x, int64_t r, const Twin& w) {
   Twin y1 = poisoned_output({1, w.host.shape().dim(0)});
   gpu_be().linear(x1.dev, w.dev, y1.dev);
   return y1.pull();
-}
-
-bool same_bits(const float* a, const float* b, int64_t n) {
-  return std::memcmp(a, b, static_cast<size_t>(n) * sizeof(float)) == 0;
 }
 
 // Runs `fn`, expecting a specula::Error whose message contains every one of `parts`.

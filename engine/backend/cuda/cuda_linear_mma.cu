@@ -31,6 +31,8 @@
 #include "engine/backend/cuda/cuda_device_common.cuh"
 #include "engine/backend/cuda/cuda_launch.cuh"
 #include "engine/backend/cuda/cuda_linear_mma.h"
+#include "engine/backend/cuda/cuda_linear_tiled.h"
+#include "engine/backend/cuda/cuda_mma_step.cuh"
 #include "engine/backend/cuda/cuda_multi_outs.cuh"
 #include "engine/backend/cuda/cuda_split.cuh"
 
@@ -38,6 +40,11 @@ namespace specula::cuda {
 namespace {
 
 using bf16 = __nv_bfloat16;
+using mma::as_bits;
+using mma::entry_col;
+using mma::entry_row;
+using mma::mma_step;
+using mma::SplitX;
 
 constexpr int kStepK = kSplitStepK;  // k elements per warp step (8 per lane)
 constexpr int kTileCols = 16;        // weight rows (output columns) of one mma tile
@@ -60,15 +67,6 @@ __device__ __forceinline__ uint4 load_w8_checked(const bf16* row, int64_t k, int
 }
 
 // ---- the exact three-term split ----
-
-__device__ __forceinline__ uint32_t as_bits(__nv_bfloat162 v) {
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// Eight activations as three bf16x2 words each: pair p holds elements 2p, 2p+1.
-struct SplitX {
-  uint32_t hi[4], mid[4], lo[4];
-};
 
 __device__ __forceinline__ SplitX split_x(const float (&v)[8]) {
   SplitX s;
@@ -130,28 +128,6 @@ __global__ void __launch_bounds__(256)
   out[0] = make_uint4(s.hi[0], s.hi[1], s.hi[2], s.hi[3]);
   out[1] = make_uint4(s.mid[0], s.mid[1], s.mid[2], s.mid[3]);
   out[2] = make_uint4(s.lo[0], s.lo[1], s.lo[2], s.lo[3]);
-}
-
-// d += A · B for one m16n8k16 (bf16 in, f32 accumulate).
-__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// One step of one (weight tile, row tile): w_lo/w_hi are the lane's 8 weights
-// of rows g and g + 8, x its 8 activations of row g, split. The fixed order:
-// fragment half 0 (words 0, 1) then half 1 (words 2, 3), each hi, mid, lo.
-__device__ __forceinline__ void mma_step(float (&acc)[4], const uint4& w_lo, const uint4& w_hi,
-                                         const SplitX& x) {
-  mma_bf16(acc, w_lo.x, w_hi.x, w_lo.y, w_hi.y, x.hi[0], x.hi[1]);
-  mma_bf16(acc, w_lo.x, w_hi.x, w_lo.y, w_hi.y, x.mid[0], x.mid[1]);
-  mma_bf16(acc, w_lo.x, w_hi.x, w_lo.y, w_hi.y, x.lo[0], x.lo[1]);
-  mma_bf16(acc, w_lo.z, w_hi.z, w_lo.w, w_hi.w, x.hi[2], x.hi[3]);
-  mma_bf16(acc, w_lo.z, w_hi.z, w_lo.w, w_hi.w, x.mid[2], x.mid[3]);
-  mma_bf16(acc, w_lo.z, w_hi.z, w_lo.w, w_hi.w, x.lo[2], x.lo[3]);
 }
 
 // Steps of weights in flight per lane on the register path: a ring of U
@@ -477,15 +453,6 @@ __device__ __forceinline__ float sum_of(const Combine<KS, CT, NT>& sh, int e, in
 #pragma unroll
   for (int w = 1; w < KS; ++w) v += sh.red[w][e][lane];
   return v;
-}
-
-// Where entry i of a lane's accumulator lands: column offset within the 16-row
-// weight tile and row offset within the 8-row activation tile.
-__device__ __forceinline__ int entry_col(int i, int lane) {
-  return (lane >> 2) + 8 * (i >> 1);
-}
-__device__ __forceinline__ int entry_row(int i, int lane) {
-  return 2 * (lane & 3) + (i & 1);
 }
 
 // The lane's activation rows in x_split: tile j's row g, clamped to the last row
@@ -818,6 +785,7 @@ void mma_linear(const float* x, void* x_split, bool split_ready, const void* w, 
   const bool vec = vec_path(w, k);
   const bool decode = decode_path(x, m, vec);
   if (!decode && !split_ready) launch_split(x, x_split, m, k, stream);
+  if (!decode && tiled_path(w, m, k)) return tiled_linear(x_split, w, y, m, n, k, stream);
   const auto* xs = static_cast<const uint4*>(x_split);
   const auto* wb = static_cast<const bf16*>(w);
   if (decode && mma_k_split(n) == 8) {
@@ -878,6 +846,14 @@ void mma_linear_multi(const float* x, void* x_split, bool split_ready,
   }
   const bool decode = decode_path(x, m, true);
   if (!decode && !split_ready) launch_split(x, x_split, m, k, stream);
+  if (!decode && tiled_path(outs[0].w, m, k)) {
+    // Each output's tiled launch (same alignment and K as the others, checked
+    // above), x split once for all.
+    for (const ProductOut& o : outs) {
+      if (o.n > 0) tiled_linear(x_split, o.w, o.y, m, o.n, k, stream);
+    }
+    return;
+  }
   const auto* xs = static_cast<const uint4*>(x_split);
   const auto launch = [&](auto ct) {
     constexpr int CT = decltype(ct)::value;
@@ -912,6 +888,9 @@ void mma_linear_gelu_mul(const float* x, void* x_split, bool split_ready, void* 
   const bool vec = vec_path(w_gate, k) && vec_path(w_up, k);
   const bool decode = decode_path(x, m, vec);
   if (!decode && !split_ready) launch_split(x, x_split, m, k, stream);
+  if (!decode && tiled_path(w_gate, m, k) && tiled_path(w_up, m, k)) {
+    return tiled_gelu_mul(x_split, w_gate, w_up, gate, out_split, m, n, k, stream);
+  }
   const auto* xs = static_cast<const uint4*>(x_split);
   const auto* wg = static_cast<const bf16*>(w_gate);
   const auto* wu = static_cast<const bf16*>(w_up);
