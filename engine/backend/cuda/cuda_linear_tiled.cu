@@ -9,18 +9,21 @@
 // gate/up product read 2.8 GB of x_split from L2 a call against 0.46 GB of
 // weights, and the step's products ran 5x slower than their weights stream.
 //
-// Here a block of 8 warps owns 128 weight rows x 64 activation rows and walks
-// every K step once: each step's weights [128 x 32] and split activations
-// [64 x 32 x 3 terms] are copied into shared memory (cp.async, kStages deep)
-// and read by all warps; warp (wn, wm) computes weight tiles {2wn, 2wn + 1} x
-// row tiles 4wm .. 4wm + 3 with mma_step, the fragments each lane would load
-// from global memory in the row-tile kernels. The K ranges of mma_k_split(N)
-// are walked in order: a range's steps accumulate into zeroed registers, and
-// at its end the range sum is folded into the total (the first range's sum is
-// the total, later ones are added), which is what the row-tile kernels'
-// combine computes (sum_of: red[0] + red[1] + ... in range order). Empty
-// ranges (K shorter than KS steps) fold their zeros too. So a row's bits are
-// those of every other path.
+// Here a cluster of KS blocks (KS = mma_k_split(N), the K ranges) owns 128
+// weight rows x 64 activation rows; block rank r walks the K steps of range r:
+// each step's weights [128 x 32] and split activations [64 x 32 x 3 terms] are
+// copied into shared memory (cp.async, kStages deep) and read by all 8 warps;
+// warp (wn, wm) computes weight tiles {2wn, 2wn + 1} x row tiles 4wm .. 4wm + 3
+// with mma_step, the fragments each lane would load from global memory in the
+// row-tile kernels, into zeroed accumulators. The ranges' sums are then added
+// in range order through distributed shared memory (red of rank 0, plus rank
+// 1's, ...), which is the row-tile kernels' combine (sum_of), empty ranges'
+// zeros included. So a row's bits are those of every other path.
+//
+// (The first version walked all of K in one block, folding the ranges in
+// order: correct, but the 5,376-column products of 31B then ran on 42 blocks,
+// and a batch-64 step took 177 ms instead of 107 on an H200.)
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -74,8 +77,7 @@ struct TiledArgs {
   float* y;              // [m_rows, n_cols]
   bf16* out_split;       // kGelu: gate's split (null: none), else unused
   int64_t m_rows, n_cols, k_dim;
-  int k_split;           // mma_k_split(n_cols): the K ranges
-  int row_groups;        // ceil(m_rows / kBlockM)
+  int row_groups;  // ceil(m_rows / kBlockM)
 };
 
 // Output columns a block covers.
@@ -103,8 +105,25 @@ __device__ __forceinline__ int tile_row0(int wn, int c) {
   return kGelu ? c * (kBlockW / 2) + wn * 16 : (wn * kWarpTiles + c) * 16;
 }
 
-template <bool kGelu>
-__global__ void __launch_bounds__(kThreads, 2) mma_tiled_kernel(TiledArgs a) {
+// Shared memory of the range-order combine after the main loop (reusing the
+// pipeline's): red[warp][entry][lane], entry e = (c · kWarpRowTiles + j) · 4 + i
+// of the warp's accumulators.
+struct TiledCombine {
+  float red[kWarpsN * kWarpsM][kWarpTiles * kWarpRowTiles * 4][32];
+};
+static_assert(sizeof(TiledCombine) <= kSmemBytes, "the combine fits the pipeline's memory");
+
+// A cluster of KS blocks computes one tile: block rank r sums K range r of
+// mma_k_split(N) (steps [r · steps / KS, (r + 1) · steps / KS)) into zeroed
+// accumulators, as warp r of a row-tile kernel does, and the ranges' sums are
+// then added in range order through distributed shared memory (red of rank 0,
+// plus rank 1's, ...: sum_of's order), each rank adding a slice of the tile.
+// Grid: KS blocks per (column block, row group), rank fastest, then the row
+// group, so that the blocks streaming the same weights run together.
+template <bool kGelu, int KS>
+__global__ void __cluster_dims__(KS, 1, 1) __launch_bounds__(kThreads, 2)
+    mma_tiled_kernel(TiledArgs a) {
+  namespace cg = cooperative_groups;
   pdl_launch_dependents();
   extern __shared__ uint4 tiled_smem[];
   auto* smem = reinterpret_cast<unsigned char*>(tiled_smem);
@@ -113,43 +132,46 @@ __global__ void __launch_bounds__(kThreads, 2) mma_tiled_kernel(TiledArgs a) {
   const int warp = tid >> 5;
   const int wn = warp % kWarpsN;
   const int wm = warp / kWarpsN;
-  const int group = static_cast<int>(blockIdx.x % static_cast<unsigned>(a.row_groups));
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x / static_cast<unsigned>(a.row_groups)) *
-                     block_cols<kGelu>();
+  const int rank = static_cast<int>(blockIdx.x % KS);
+  const unsigned tile = blockIdx.x / KS;
+  const int group = static_cast<int>(tile % static_cast<unsigned>(a.row_groups));
+  const int64_t n0 =
+      static_cast<int64_t>(tile / static_cast<unsigned>(a.row_groups)) * block_cols<kGelu>();
   const int64_t m0 = static_cast<int64_t>(group) * kBlockM;
   const int64_t chunks = split_chunks(a.k_dim);
-  const int steps = static_cast<int>(a.k_dim / kStepK);  // k_dim % 32 == 0 (tiled_path)
+  const int64_t steps_all = a.k_dim / kStepK;  // k_dim % 32 == 0 (tiled_path)
+  const int s_begin = static_cast<int>(rank * steps_all / KS);
+  const int steps = static_cast<int>((rank + 1) * steps_all / KS) - s_begin;
 
   // This thread's copies: weight row tid / 4 + 64 i, bytes 16 (tid % 4); split
-  // row (tid + 256 i) / 12, word (tid + 256 i) % 12.
+  // row (tid + 256 i) / 12, word (tid + 256 i) % 12; all from step s_begin.
   const bf16* w_src[kWCopies];
-  int w_dst[kWCopies];
 #pragma unroll
   for (int i = 0; i < kWCopies; ++i) {
     const int r = tid / 4 + i * (kThreads / 4);
-    w_src[i] = weight_row<kGelu>(a, n0, r) + (tid % 4) * 8;
-    w_dst[i] = r * kWRowBytes + (tid % 4) * 16;
+    w_src[i] = weight_row<kGelu>(a, n0, r) + (tid % 4) * 8 + int64_t{s_begin} * kStepK;
   }
   const uint4* x_src[kXCopies];
-  int x_dst[kXCopies];
 #pragma unroll
   for (int i = 0; i < kXCopies; ++i) {
     const int idx = tid + i * kThreads;
     const int r = idx / (kXRowBytes / 16);
-    const int word = idx % (kXRowBytes / 16);
-    x_src[i] = a.x_split + min(m0 + r, a.m_rows - 1) * chunks * 3 + word;
-    x_dst[i] = kBlockW * kWRowBytes + r * kXRowBytes + word * 16;
+    x_src[i] = a.x_split + min(m0 + r, a.m_rows - 1) * chunks * 3 + idx % (kXRowBytes / 16) +
+               int64_t{s_begin} * kChunksPerStep * 3;
   }
   const auto copy_w = [&](int step, int stage) {
 #pragma unroll
     for (int i = 0; i < kWCopies; ++i) {
-      cp_async16(smem + stage * kStageBytes + w_dst[i], w_src[i] + int64_t{step} * kStepK);
+      const int r = tid / 4 + i * (kThreads / 4);
+      cp_async16(smem + stage * kStageBytes + r * kWRowBytes + (tid % 4) * 16,
+                 w_src[i] + int64_t{step} * kStepK);
     }
   };
   const auto copy_x = [&](int step, int stage) {
 #pragma unroll
     for (int i = 0; i < kXCopies; ++i) {
-      cp_async16(smem + stage * kStageBytes + x_dst[i],
+      const int idx = tid + i * kThreads;
+      cp_async16(smem + stage * kStageBytes + kBlockW * kWRowBytes + idx * 16,
                  x_src[i] + int64_t{step} * kChunksPerStep * 3);
     }
   };
@@ -173,39 +195,14 @@ __global__ void __launch_bounds__(kThreads, 2) mma_tiled_kernel(TiledArgs a) {
   }
 
   float acc[kWarpTiles][kWarpRowTiles][4];
-  float total[kWarpTiles][kWarpRowTiles][4];
-  const auto zero = [](float(&v)[kWarpTiles][kWarpRowTiles][4]) {
 #pragma unroll
-    for (int c = 0; c < kWarpTiles; ++c) {
+  for (int c = 0; c < kWarpTiles; ++c) {
 #pragma unroll
-      for (int j = 0; j < kWarpRowTiles; ++j) {
+    for (int j = 0; j < kWarpRowTiles; ++j) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) v[c][j][i] = 0.0f;
-      }
+      for (int i = 0; i < 4; ++i) acc[c][j][i] = 0.0f;
     }
-  };
-  zero(acc);
-  zero(total);
-  // Range r covers steps [r · steps / KS, (r + 1) · steps / KS), as in the
-  // row-tile kernels (warp_partials). fold() ends range `range`.
-  int range = 0;
-  const auto range_end = [&](int r) { return static_cast<int>(int64_t{r + 1} * steps / a.k_split); };
-  const auto fold = [&] {
-#pragma unroll
-    for (int c = 0; c < kWarpTiles; ++c) {
-#pragma unroll
-      for (int j = 0; j < kWarpRowTiles; ++j) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          total[c][j][i] = range == 0 ? acc[c][j][i] : total[c][j][i] + acc[c][j][i];
-          acc[c][j][i] = 0.0f;
-        }
-      }
-    }
-    ++range;
-  };
-  while (range < a.k_split && range_end(range) == 0) fold();  // empty leading ranges
-
+  }
   const int g = lane >> 2;
   const int t = lane & 3;
   for (int s = 0; s < steps; ++s) {
@@ -237,37 +234,64 @@ __global__ void __launch_bounds__(kThreads, 2) mma_tiled_kernel(TiledArgs a) {
                               {mid.x, mid.y, mid.z, mid.w},
                               {lo.x, lo.y, lo.z, lo.w}};
 #pragma unroll
-      for (int c = 0; c < kWarpTiles; ++c) mma::mma_step(acc[c][j], w_frag[c][0], w_frag[c][1], split);
+      for (int c = 0; c < kWarpTiles; ++c) {
+        mma::mma_step(acc[c][j], w_frag[c][0], w_frag[c][1], split);
+      }
     }
-    while (range < a.k_split && range_end(range) == s + 1) fold();
   }
-  cp_async_wait<0>();  // no copy outlives the block
+  cp_async_wait<0>();  // no copy outlives the loop
+  __syncthreads();     // every warp is done with the stages: they become the combine
 
-  // Epilogue: each lane writes its own entries.
+  auto& sh = *reinterpret_cast<TiledCombine*>(smem);
 #pragma unroll
-  for (int j = 0; j < kWarpRowTiles; ++j) {
+  for (int c = 0; c < kWarpTiles; ++c) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int64_t row = m0 + (wm * kWarpRowTiles + j) * 8 + mma::entry_row(i, lane);
-      if (row >= a.m_rows) continue;
-      if constexpr (kGelu) {
-        const int64_t col = n0 + wn * 16 + mma::entry_col(i, lane);
-        if (col >= a.n_cols) continue;
-        const float out = __fmul_rn(gelu_tanh(total[0][j][i]), total[1][j][i]);
-        a.y[row * a.n_cols + col] = out;
-        if (a.out_split != nullptr) store_split(a.out_split, split_chunks(a.n_cols), row, col, out);
-      } else {
+    for (int j = 0; j < kWarpRowTiles; ++j) {
 #pragma unroll
-        for (int c = 0; c < kWarpTiles; ++c) {
-          const int64_t col = n0 + (wn * kWarpTiles + c) * 16 + mma::entry_col(i, lane);
-          if (col < a.n_cols) a.y[row * a.n_cols + col] = total[c][j][i];
-        }
+      for (int i = 0; i < 4; ++i) sh.red[warp][(c * kWarpRowTiles + j) * 4 + i][lane] = acc[c][j][i];
+    }
+  }
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every rank's range sums are in its shared memory
+
+  // Items (warp, j, i, lane): both weight tiles' entries of one accumulator
+  // slot; rank r adds items r, r + KS, ...
+  constexpr int kItems = kWarpsN * kWarpsM * kWarpRowTiles * 4 * 32;
+  const auto range_sum = [&](int w, int e, int l) {
+    float v = cluster.map_shared_rank(&sh, 0)->red[w][e][l];
+#pragma unroll
+    for (int r = 1; r < KS; ++r) v += cluster.map_shared_rank(&sh, r)->red[w][e][l];
+    return v;
+  };
+  for (int item = rank * kThreads + tid; item < kItems; item += KS * kThreads) {
+    const int l = item & 31;
+    const int slot = (item >> 5) % (kWarpRowTiles * 4);  // j · 4 + i
+    const int w = (item >> 5) / (kWarpRowTiles * 4);
+    const int j = slot >> 2;
+    const int i = slot & 3;
+    const int item_wn = w % kWarpsN;
+    const int item_wm = w / kWarpsN;
+    const int64_t row = m0 + (item_wm * kWarpRowTiles + j) * 8 + mma::entry_row(i, l);
+    if (row >= a.m_rows) continue;
+    if constexpr (kGelu) {
+      const int64_t col = n0 + item_wn * 16 + mma::entry_col(i, l);
+      if (col >= a.n_cols) continue;
+      const float gate = range_sum(w, slot, l);
+      const float up = range_sum(w, kWarpRowTiles * 4 + slot, l);
+      const float out = __fmul_rn(gelu_tanh(gate), up);
+      a.y[row * a.n_cols + col] = out;
+      if (a.out_split != nullptr) store_split(a.out_split, split_chunks(a.n_cols), row, col, out);
+    } else {
+#pragma unroll
+      for (int c = 0; c < kWarpTiles; ++c) {
+        const int64_t col = n0 + (item_wn * kWarpTiles + c) * 16 + mma::entry_col(i, l);
+        if (col < a.n_cols) a.y[row * a.n_cols + col] = range_sum(w, c * kWarpRowTiles * 4 + slot, l);
       }
     }
   }
   if constexpr (kGelu) {
-    // The split rows' zero padding past n_cols: written by the last column block.
-    if (a.out_split != nullptr && n0 + block_cols<kGelu>() >= a.n_cols) {
+    // The split rows' zero padding past n_cols: rank 0 of the last column block.
+    if (a.out_split != nullptr && rank == 0 && n0 + block_cols<kGelu>() >= a.n_cols) {
       const int64_t pad = split_chunks(a.n_cols) * 8 - a.n_cols;
       const int64_t rows_here = min(a.m_rows - m0, static_cast<int64_t>(kBlockM));
       for (int64_t p = tid; p < rows_here * pad; p += kThreads) {
@@ -275,18 +299,26 @@ __global__ void __launch_bounds__(kThreads, 2) mma_tiled_kernel(TiledArgs a) {
       }
     }
   }
+  cluster.sync();  // the other ranks' shared memory stays until everyone has read it
 }
 
 template <bool kGelu>
 void launch_tiled(TiledArgs a, cudaStream_t stream, const char* name) {
   const int64_t col_blocks = (a.n_cols + block_cols<kGelu>() - 1) / block_cols<kGelu>();
   const int64_t row_groups = (a.m_rows + kBlockM - 1) / kBlockM;
-  const int64_t blocks = col_blocks * row_groups;
-  if (blocks > INT_MAX) fail("{}: {} x {} blocks exceed the CUDA grid", name, col_blocks, row_groups);
+  const int ks = mma_k_split(a.n_cols);
+  const int64_t blocks = col_blocks * row_groups * ks;
+  if (blocks > INT_MAX) fail("{}: {} x {} tiles exceed the CUDA grid", name, col_blocks, row_groups);
   a.row_groups = static_cast<int>(row_groups);
-  a.k_split = mma_k_split(a.n_cols);
-  allow_dynamic_smem(reinterpret_cast<const void*>(mma_tiled_kernel<kGelu>), kSmemBytes, name);
-  launch_pdl(mma_tiled_kernel<kGelu>, blocks, kThreads, kSmemBytes, stream, name, a);
+  const auto launch = [&](auto kernel) {
+    allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmemBytes, name);
+    launch_pdl(kernel, blocks, kThreads, kSmemBytes, stream, name, a);
+  };
+  if (ks == 4) {
+    launch(mma_tiled_kernel<kGelu, 4>);
+  } else {
+    launch(mma_tiled_kernel<kGelu, 8>);
+  }
 }
 
 }  // namespace
