@@ -121,21 +121,16 @@ __global__ void __launch_bounds__(kPartialThreads, 3)
       const int64_t h = int64_t{kvh} * g.group + pair % g.group;
       stage_row(sQ + p * g.ld, q + ((pair / g.group) * g.n_heads + h) * g.d, g, lane);
     }
-    stage_kv_rows<KvT>(
-        sK, j0 + warp, j1,
-        [&](int j) {
-          const int64_t r = key_row(c0 + j);
-          return KvRowRef<KvT>{k_head + r * kv_row, r};
-        },
-        k_scales, kvh, g, lane);
+    // Chunk row j of the kv head whose row 0 is `head`.
+    auto rows_of = [&](const KvT* head) {
+      return [&, head](int j) {
+        const int64_t r = key_row(c0 + j);
+        return KvRowRef<KvT>{head + r * kv_row, r};
+      };
+    };
+    stage_kv_rows<KvT>(sK, j0 + warp, j1, rows_of(k_head), k_scales, kvh, g, lane);
     __pipeline_commit();
-    stage_kv_rows<KvT>(
-        sV, j0 + warp, j1,
-        [&](int j) {
-          const int64_t r = key_row(c0 + j);
-          return KvRowRef<KvT>{v_head + r * kv_row, r};
-        },
-        v_scales, kvh, g, lane);
+    stage_kv_rows<KvT>(sV, j0 + warp, j1, rows_of(v_head), v_scales, kvh, g, lane);
     __pipeline_commit();
   };
   // Eager: stage every row of the chunk inside the key tensor before reading
