@@ -246,7 +246,29 @@ struct MicroRunner {
     std::map<int, BatchTimes> by_batch;
     const int64_t seq_context = int64_t{a.context} + a.verify_tokens + 1;
     const DType kv_dtype = model.kv_spec().dtype;
+    // Batches whose caches cannot fit beside the weights are skipped with the
+    // reason (a 31B bf16 batch 64 needs ~29 GB of rings and rows: an H200, not an H100).
+    nlohmann::json skipped = nlohmann::json::array();
+    KvCacheSpec row_spec = model.kv_spec();
+    row_spec.max_context = std::min<int64_t>(seq_context, model.max_context());
+    const int64_t row_kv_bytes = kv_bytes_per_sequence(row_spec);
+    constexpr int64_t kHeadroom = int64_t{1} << 30;  // activations, scratch, graphs
     for (int B : a.batches) {
+      const int64_t free_bytes = be.memory_info().free_bytes;
+      if (int64_t{B} * row_kv_bytes + kHeadroom > free_bytes) {
+        const std::string why = fmt::format(
+            "needs {:.2f} GiB of KV cache ({} rows x {:.1f} MiB) + 1 GiB headroom; {:.2f} GiB "
+            "free on {}",
+            B * row_kv_bytes / 1073741824.0, B, row_kv_bytes / 1048576.0, free_bytes / 1073741824.0,
+            be.device().str());
+        fmt::print(stderr, "batch {}: skipped: {}\n", B, why);
+        skipped.push_back({{"batch", B}, {"reason", why}});
+        continue;
+      }
+      if (!a.json) {
+        fmt::print(stderr, "batch {}: {:.2f} GiB free before its caches\n", B,
+                   free_bytes / 1073741824.0);
+      }
       std::vector<SequenceKv> seqs;
       for (int b = 0; b < B; ++b) seqs.push_back(sequence(seq_context));
       fill(seqs, a.context);
@@ -298,6 +320,7 @@ struct MicroRunner {
       }
     }
     out["decode"] = decode;
+    if (!skipped.empty()) out["skipped_batches"] = skipped;
 
     // Verify window vs one decode step, batch 1 (timed above when batch 1 ran).
     // One row at the context, filled when first needed (here, or by the drafter step).
