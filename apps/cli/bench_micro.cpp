@@ -265,14 +265,23 @@ struct MicroRunner {
         skipped.push_back({{"batch", B}, {"reason", why}});
         continue;
       }
-      if (!a.json) {
-        fmt::print(stderr, "batch {}: {:.2f} GiB free before its caches\n", B,
-                   free_bytes / 1073741824.0);
-      }
+      fmt::print(stderr, "batch {}: {:.2f} GiB free before its caches\n", B,
+                 free_bytes / 1073741824.0);
+      // The estimate above leaves out the arenas a batch grows; a batch that
+      // still runs out of memory is reported and skipped, not fatal.
       std::vector<SequenceKv> seqs;
-      for (int b = 0; b < B; ++b) seqs.push_back(sequence(seq_context));
-      fill(seqs, a.context);
-      const double t = step_time(seqs, 1, false);
+      double t = 0, tv = 0;
+      try {
+        for (int b = 0; b < B; ++b) seqs.push_back(sequence(seq_context));
+        fill(seqs, a.context);
+        t = step_time(seqs, 1, false);
+        // The verify window: verify_tokens new tokens a row, every one with logits.
+        tv = step_time(seqs, a.verify_tokens, true);
+      } catch (const Error& e) {
+        fmt::print(stderr, "batch {}: skipped: {}\n", B, e.what());
+        skipped.push_back({{"batch", B}, {"reason", e.what()}});
+        continue;
+      }
       const int64_t wbytes = model.weight_bytes_read(B);
       const int64_t kvbytes = int64_t{B} * kv_bytes_read(c, int64_t{a.context} + 1, kv_dtype);
       const double bps = static_cast<double>(wbytes + kvbytes) / t;
@@ -280,8 +289,6 @@ struct MicroRunner {
       const double step_flops = forward_flops(c, B, a.context, 1, 1);
       const StepLimit lim =
           step_limit(static_cast<double>(wbytes + kvbytes), step_flops, copy_bps, peak);
-      // The verify window: verify_tokens new tokens a row, every one with logits.
-      const double tv = step_time(seqs, a.verify_tokens, true);
       const int64_t v_bytes =
           model.weight_bytes_read(int64_t{B} * a.verify_tokens) +
           int64_t{B} * kv_bytes_read(c, int64_t{a.context} + a.verify_tokens, kv_dtype);
