@@ -49,6 +49,9 @@ struct BenchArgs {
   int64_t copy_mib = 2048;
   int peak_size = 8192;
   bool no_graphs = false;  // run every step directly (no CUDA graphs)
+  // CUDA kernel choices under measurement (#30 A/B switches; backends.h).
+  bool cuda_tiled_products = false;
+  bool cuda_raw_kv_staging = false;
   // Sampling of the end-to-end rows (temperature 0: greedy); request i is seeded with i.
   float temperature = 0.0f;
   float top_p = 1.0f;

@@ -190,6 +190,9 @@ struct MicroRunner {
     out["backend"] = be.name();
     model.set_graphs_enabled(!a.no_graphs && model.graphs_enabled());
     out["graphs"] = model.graphs_enabled() && be.supports_graphs();
+    const CudaKernelChoices choices = cuda_kernel_choices();
+    out["cuda_kernel_choices"] = {{"tiled_products", choices.tiled_products},
+                                  {"raw_kv_staging", choices.raw_kv_staging}};
     out["weight_bytes"] = model.weight_bytes();
     const KvCapacity kv = kv_capacity(model);  // before this run's sequences take memory
     out["kv_cache"] = {{"dtype", std::string(dtype_name(kv.dtype))},

@@ -61,6 +61,8 @@ nlohmann::json prompts_json(const BenchArgs& a, const BenchPromptSet* set) {
 }
 
 void run_bench(BenchArgs a) {
+  set_cuda_kernel_choices(
+      {.tiled_products = a.cuda_tiled_products, .raw_kv_staging = a.cuda_raw_kv_staging});
   if (!a.print_preset_config.empty() || !a.print_assistant_config.empty()) {
     if (!a.print_preset_config.empty() && !a.print_assistant_config.empty())
       fail("give one of --print-preset-config and --print-assistant-config");
@@ -297,6 +299,13 @@ void register_bench(CLI::App& app) {
   cmd->add_flag("--no-graphs", args->no_graphs,
                 "--micro: run decode steps and verify windows directly instead of replaying "
                 "recorded CUDA graphs (same results; for comparing launch overhead)");
+  cmd->add_flag("--cuda-tiled-products", args->cuda_tiled_products,
+                "A/B switch under measurement: products of 24+ rows with bf16 weights through "
+                "the tiled CUDA kernels (same bits; off by default until they measure faster)");
+  cmd->add_flag("--cuda-raw-kv-staging", args->cuda_raw_kv_staging,
+                "A/B switch under measurement: CUDA attention partials copy bf16/fp8 cache "
+                "bytes to shared memory asynchronously and widen them where they are read "
+                "(same bits; off by default until it measures faster)");
   cmd->add_option("--temperature", args->temperature,
                   "Sampling temperature of the end-to-end rows (0: greedy)")
       ->capture_default_str();

@@ -99,4 +99,19 @@ inline void expect_equal_i32(const Tensor& got, const Tensor& want, const char* 
   }
 }
 
+// Sets the CUDA kernel choices under measurement for a scope (the tests of a
+// choice that is off by default), restoring the previous ones after.
+class ScopedKernelChoices {
+ public:
+  explicit ScopedKernelChoices(const CudaKernelChoices& choices) : saved_(cuda_kernel_choices()) {
+    set_cuda_kernel_choices(choices);
+  }
+  ~ScopedKernelChoices() { set_cuda_kernel_choices(saved_); }
+  ScopedKernelChoices(const ScopedKernelChoices&) = delete;
+  ScopedKernelChoices& operator=(const ScopedKernelChoices&) = delete;
+
+ private:
+  CudaKernelChoices saved_;
+};
+
 }  // namespace specula::test

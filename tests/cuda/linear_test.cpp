@@ -255,7 +255,9 @@ TEST(CudaLinearTensorCore, NonFiniteActivationsMatchTheCpu) {
     const float c = want.data<float>()[i];
     if (std::isnan(c) || std::isinf(c)) {
       EXPECT_EQ(std::isnan(g), std::isnan(c)) << "element " << i << ": got " << g << " want " << c;
-      if (std::isinf(c)) EXPECT_EQ(g, c) << "element " << i;
+      if (std::isinf(c)) {
+        EXPECT_EQ(g, c) << "element " << i;
+      }
     } else {
       EXPECT_NEAR(g, c, 1e-4f * std::fabs(c) + 1e-5f) << "element " << i;
     }

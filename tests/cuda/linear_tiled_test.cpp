@@ -36,6 +36,7 @@ class CudaLinearTiled : public ::testing::TestWithParam<TiledCase> {};
 
 TEST_P(CudaLinearTiled, RowsHaveTheirOneRowBits) {
   SKIP_WITHOUT_CUDA();
+  const ScopedKernelChoices tiled({.tiled_products = true});
   const auto [n, k] = GetParam();
   Twin w(DType::kBF16, {n, k});
   w.randomize(81, -0.5f, 0.5f);
@@ -74,8 +75,8 @@ TEST_P(CudaLinearTiled, RowsHaveTheirOneRowBits) {
       Twin u1 = poisoned_output({1, n});
       gpu_be().linear_gelu_mul(x1.dev, w.dev, w_up.dev, g1.dev, u1.dev);
       const HostTensor one = y1.pull(), one2 = y2.pull(), g_one = g1.pull();
-      const std::string where = "row " + std::to_string(r) + " of " + std::to_string(m) +
-                                " (N " + std::to_string(n) + ", K " + std::to_string(k) + ")";
+      const std::string where = "row " + std::to_string(r) + " of " + std::to_string(m) + " (N " +
+                                std::to_string(n) + ", K " + std::to_string(k) + ")";
       EXPECT_TRUE(same_bits(y_all.data<float>() + r * n, one.data<float>(), n))
           << where << ": linear";
       EXPECT_TRUE(same_bits(q_all.data<float>() + r * n, one.data<float>(), n))
@@ -104,6 +105,7 @@ INSTANTIATE_TEST_SUITE_P(
 // turn it into +0).
 TEST(CudaLinearTiledZeros, SignedZerosMatchTheOneRowCall) {
   SKIP_WITHOUT_CUDA();
+  const ScopedKernelChoices tiled({.tiled_products = true});
   const int64_t m = 40, n = 64, k = 256;
   Twin w(DType::kBF16, {n, k});
   w.randomize(91, -0.5f, 0.5f);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // CudaBackend construction, device memory, transfers, copies and shared checks.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -323,6 +324,22 @@ std::unique_ptr<Backend> make_cuda_backend(int device_index) {
 bool cuda_available() {
   int count = 0;
   return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+namespace {
+// Atomics: kernels are planned from several threads (the server's workers).
+std::atomic<bool> g_tiled_products{false};
+std::atomic<bool> g_raw_kv_staging{false};
+}  // namespace
+
+void set_cuda_kernel_choices(const CudaKernelChoices& choices) {
+  g_tiled_products.store(choices.tiled_products, std::memory_order_relaxed);
+  g_raw_kv_staging.store(choices.raw_kv_staging, std::memory_order_relaxed);
+}
+
+CudaKernelChoices cuda_kernel_choices() {
+  return {.tiled_products = g_tiled_products.load(std::memory_order_relaxed),
+          .raw_kv_staging = g_raw_kv_staging.load(std::memory_order_relaxed)};
 }
 
 }  // namespace specula

@@ -31,6 +31,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "engine/backend/backends.h"
 #include "engine/backend/cuda/cuda_backend.h"
 #include "engine/backend/cuda/cuda_device_common.cuh"
 #include "engine/backend/cuda/cuda_launch.cuh"
@@ -44,16 +45,16 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kStepK = kSplitStepK;          // K elements a step covers
-constexpr int kChunksPerStep = kStepK / 8;   // x_split chunks a step covers
-constexpr int kWarpsN = 4;                   // warps along the weight rows
-constexpr int kWarpsM = 2;                   // warps along the activation rows
+constexpr int kStepK = kSplitStepK;         // K elements a step covers
+constexpr int kChunksPerStep = kStepK / 8;  // x_split chunks a step covers
+constexpr int kWarpsN = 4;                  // warps along the weight rows
+constexpr int kWarpsM = 2;                  // warps along the activation rows
 constexpr int kThreads = kWarpsN * kWarpsM * 32;
-constexpr int kWarpTiles = 2;                // 16-row weight tiles per warp
-constexpr int kWarpRowTiles = 4;             // 8-row activation tiles per warp
-constexpr int kBlockW = kWarpsN * kWarpTiles * 16;     // 128 weight rows a block
-constexpr int kBlockM = kWarpsM * kWarpRowTiles * 8;   // 64 activation rows a block
-constexpr int kStages = 4;                   // steps in flight (see the loop's group count)
+constexpr int kWarpTiles = 2;                         // 16-row weight tiles per warp
+constexpr int kWarpRowTiles = 4;                      // 8-row activation tiles per warp
+constexpr int kBlockW = kWarpsN * kWarpTiles * 16;    // 128 weight rows a block
+constexpr int kBlockM = kWarpsM * kWarpRowTiles * 8;  // 64 activation rows a block
+constexpr int kStages = 4;  // steps in flight (see the loop's group count)
 // One stage: the weights [kBlockW][32] bf16 (64 bytes a row), then the split
 // activations [kBlockM][4 chunks][3 words] (192 bytes a row).
 constexpr int kWRowBytes = kStepK * 2;
@@ -225,14 +226,13 @@ __global__ void __cluster_dims__(KS, 1, 1) __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int j = 0; j < kWarpRowTiles; ++j) {
       const int row = (wm * kWarpRowTiles + j) * 8 + g;
-      const auto* xs = reinterpret_cast<const uint4*>(stage + kBlockW * kWRowBytes +
-                                                      row * kXRowBytes + t * 48);
+      const auto* xs =
+          reinterpret_cast<const uint4*>(stage + kBlockW * kWRowBytes + row * kXRowBytes + t * 48);
       const uint4 hi = xs[0];
       const uint4 mid = xs[1];
       const uint4 lo = xs[2];
-      const mma::SplitX split{{hi.x, hi.y, hi.z, hi.w},
-                              {mid.x, mid.y, mid.z, mid.w},
-                              {lo.x, lo.y, lo.z, lo.w}};
+      const mma::SplitX split{
+          {hi.x, hi.y, hi.z, hi.w}, {mid.x, mid.y, mid.z, mid.w}, {lo.x, lo.y, lo.z, lo.w}};
 #pragma unroll
       for (int c = 0; c < kWarpTiles; ++c) {
         mma::mma_step(acc[c][j], w_frag[c][0], w_frag[c][1], split);
@@ -248,7 +248,8 @@ __global__ void __cluster_dims__(KS, 1, 1) __launch_bounds__(kThreads, 2)
 #pragma unroll
     for (int j = 0; j < kWarpRowTiles; ++j) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) sh.red[warp][(c * kWarpRowTiles + j) * 4 + i][lane] = acc[c][j][i];
+      for (int i = 0; i < 4; ++i)
+        sh.red[warp][(c * kWarpRowTiles + j) * 4 + i][lane] = acc[c][j][i];
     }
   }
   cg::cluster_group cluster = cg::this_cluster();
@@ -285,7 +286,8 @@ __global__ void __cluster_dims__(KS, 1, 1) __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int c = 0; c < kWarpTiles; ++c) {
         const int64_t col = n0 + (item_wn * kWarpTiles + c) * 16 + mma::entry_col(i, l);
-        if (col < a.n_cols) a.y[row * a.n_cols + col] = range_sum(w, c * kWarpRowTiles * 4 + slot, l);
+        if (col < a.n_cols)
+          a.y[row * a.n_cols + col] = range_sum(w, c * kWarpRowTiles * 4 + slot, l);
       }
     }
   }
@@ -308,7 +310,8 @@ void launch_tiled(TiledArgs a, cudaStream_t stream, const char* name) {
   const int64_t row_groups = (a.m_rows + kBlockM - 1) / kBlockM;
   const int ks = mma_k_split(a.n_cols);
   const int64_t blocks = col_blocks * row_groups * ks;
-  if (blocks > INT_MAX) fail("{}: {} x {} tiles exceed the CUDA grid", name, col_blocks, row_groups);
+  if (blocks > INT_MAX)
+    fail("{}: {} x {} tiles exceed the CUDA grid", name, col_blocks, row_groups);
   a.row_groups = static_cast<int>(row_groups);
   const auto launch = [&](auto kernel) {
     allow_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmemBytes, name);
@@ -324,7 +327,8 @@ void launch_tiled(TiledArgs a, cudaStream_t stream, const char* name) {
 }  // namespace
 
 bool tiled_path(const void* w, int64_t m, int64_t k) {
-  return m >= kTiledMinRows && (reinterpret_cast<uintptr_t>(w) & 15u) == 0 && k % kSplitStepK == 0 &&
+  return cuda_kernel_choices().tiled_products && m >= kTiledMinRows &&
+         (reinterpret_cast<uintptr_t>(w) & 15u) == 0 && k % kSplitStepK == 0 &&
          k / kSplitStepK <= INT_MAX;
 }
 

@@ -18,8 +18,8 @@ namespace specula::cuda {
 inline constexpr int64_t kTiledMinRows = 24;
 
 // Whether a product of m rows of length k with weights w takes the tiled
-// kernels: m >= kTiledMinRows, 16-byte aligned w and k a multiple of 32 (whole
-// steps, so no step needs checked loads).
+// kernels: CudaKernelChoices::tiled_products (backends.h) is on, m >= kTiledMinRows, 16-byte
+// aligned w and k a multiple of 32 (whole steps, so no step needs checked loads).
 bool tiled_path(const void* w, int64_t m, int64_t k);
 
 // y f32 [m, n] = x · w bf16 [n, k]ᵀ from x's split (x_split: mma_split_bytes(m,

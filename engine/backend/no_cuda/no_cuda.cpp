@@ -15,4 +15,16 @@ bool cuda_available() {
   return false;
 }
 
+namespace {
+CudaKernelChoices g_choices;  // kept for cuda_kernel_choices(); nothing reads them
+}  // namespace
+
+void set_cuda_kernel_choices(const CudaKernelChoices& choices) {
+  g_choices = choices;
+}
+
+CudaKernelChoices cuda_kernel_choices() {
+  return g_choices;
+}
+
 }  // namespace specula
