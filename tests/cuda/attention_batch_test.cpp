@@ -129,6 +129,8 @@ const BatchCase kCases[] = {
     {DType::kBF16, true, 5, 8, 4, 256, 4},
     {DType::kF32, false, 5, 8, 1, 512, 3},
     {DType::kBF16, false, 5, 8, 1, 512, 66},
+    // Prefill-like rows: several pair tiles and chunks a sequence.
+    {DType::kBF16, false, 40, 8, 4, 256, 2},
     // An odd head dimension (rows not float4-aligned).
     {DType::kF32, false, 1, 4, 2, 30, 5},
 };
@@ -160,6 +162,34 @@ TEST(CudaAttentionBatch, MatchesCpuOverF32Caches) {
     gpu_be().attention_batch(entries);
     for (int64_t b = 0; b < c.seqs; ++b) cpu_be().attention(batch.entry(b, out.host.view(), true));
     expect_close(out.pull(), out.host, kAttentionTol, "attention_batch against the CPU");
+  }
+}
+
+// The raw bf16 staging under measurement (CudaKernelChoices::raw_kv_staging:
+// cache bytes copied as they are, widened where the loops read them) gives the
+// default staging's bits, batched and alone.
+TEST(CudaAttentionBatch, RawKvStagingKeepsTheBits) {
+  SKIP_WITHOUT_CUDA();
+  for (const BatchCase& c : kCases) {
+    if (c.cache != DType::kBF16) continue;
+    SCOPED_TRACE(describe(c));
+    const Batch batch(c);
+    const Shape shape{c.seqs * c.s, c.heads, c.d};
+    Twin base = poisoned_output(shape), raw = poisoned_output(shape);
+    Twin raw_alone = poisoned_output(shape);
+    std::vector<AttentionParams> entries;
+    for (int64_t b = 0; b < c.seqs; ++b) entries.push_back(batch.entry(b, base.dev));
+    gpu_be().attention_batch(entries);
+    {
+      const ScopedKernelChoices on({.raw_kv_staging = true});
+      entries.clear();
+      for (int64_t b = 0; b < c.seqs; ++b) entries.push_back(batch.entry(b, raw.dev));
+      gpu_be().attention_batch(entries);
+      for (int64_t b = 0; b < c.seqs; ++b) gpu_be().attention(batch.entry(b, raw_alone.dev));
+    }
+    const HostTensor want = base.pull();
+    expect_same_bits(raw.pull(), want, "raw staging, batched");
+    expect_same_bits(raw_alone.pull(), want, "raw staging, alone");
   }
 }
 

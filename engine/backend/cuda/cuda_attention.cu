@@ -34,6 +34,7 @@
 // attention_with_inputs (a lone row) runs attention_fused_kernel instead of
 // the partials kernel: it also finishes the q/k/v inputs (as attention_inputs
 // does, bit for bit) and stages the cached keys before its inputs are ready.
+#include "engine/backend/backends.h"
 #include "engine/backend/cuda/cuda_attention.cuh"
 
 namespace specula::cuda {
@@ -60,7 +61,7 @@ namespace {
 // the launch); grid z = sequence · g.seq_tiles + pair tile. A block does for
 // its sequence exactly what a launch for that sequence alone does (the same
 // tiles, staging and sums), so the bits are those of separate calls.
-template <typename KvT, int kSeqs>
+template <typename KvT, int kSeqs, bool kRaw = false>
 __global__ void __launch_bounds__(kPartialThreads, 3)
     attention_partials_kernel(const float* __restrict__ q,
                               const __grid_constant__ KvSources<KvT, kSeqs> kv,
@@ -128,9 +129,15 @@ __global__ void __launch_bounds__(kPartialThreads, 3)
         return KvRowRef<KvT>{head + r * kv_row, r};
       };
     };
-    stage_kv_rows<KvT>(sK, j0 + warp, j1, rows_of(k_head), k_scales, kvh, g, lane);
-    __pipeline_commit();
-    stage_kv_rows<KvT>(sV, j0 + warp, j1, rows_of(v_head), v_scales, kvh, g, lane);
+    if constexpr (kRaw) {
+      stage_raw_bf16_rows(sK, j0 + warp, j1, rows_of(k_head), g, lane);
+      __pipeline_commit();
+      stage_raw_bf16_rows(sV, j0 + warp, j1, rows_of(v_head), g, lane);
+    } else {
+      stage_kv_rows<KvT>(sK, j0 + warp, j1, rows_of(k_head), k_scales, kvh, g, lane);
+      __pipeline_commit();
+      stage_kv_rows<KvT>(sV, j0 + warp, j1, rows_of(v_head), v_scales, kvh, g, lane);
+    }
     __pipeline_commit();
   };
   // Eager: stage every row of the chunk inside the key tensor before reading
@@ -154,10 +161,11 @@ __global__ void __launch_bounds__(kPartialThreads, 3)
 
   __pipeline_wait_prior(1);  // this thread's q and K copies have landed
   __syncthreads();           // ... and everyone's
-  chunk_softmax(sK, sQ, sP, s_j0, s_j1, s_entry, np, part_ml, g, [] {});
+  using Rows = std::conditional_t<kRaw, Bf16Rows, F32Rows>;
+  chunk_softmax(Rows{sK, g.ld}, sQ, sP, s_j0, s_j1, s_entry, np, part_ml, g, [] {});
   __pipeline_wait_prior(0);  // V rows
   __syncthreads();
-  chunk_weighted_values(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
+  chunk_weighted_values(Rows{sV, g.ld}, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
 }
 
 // The partials kernel may use up to kMaxPartialsSmem of dynamic shared memory;
@@ -177,6 +185,8 @@ void allow_partials_smem(int device) {
   allow(attention_partials_kernel<float, kBatchSeqs>);
   allow(attention_partials_kernel<uint16_t, kBatchSeqs>);
   allow(attention_partials_kernel<uint8_t, kBatchSeqs>);
+  allow(attention_partials_kernel<uint16_t, 1, true>);
+  allow(attention_partials_kernel<uint16_t, kBatchSeqs, true>);
   done.fetch_or(bit, std::memory_order_relaxed);
 }
 
@@ -188,6 +198,15 @@ void launch_partials(const float* q, const KvSources<KvT, kSeqs>& kv, const int3
                      int64_t z_tiles, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(n_chunks), static_cast<unsigned>(g.n_kv),
                   static_cast<unsigned>(z_tiles));
+  if constexpr (std::is_same_v<KvT, uint16_t>) {
+    // The raw bf16 staging (an A/B switch under measurement, backends.h).
+    if (cuda_kernel_choices().raw_kv_staging && g.vec4 && g.d % 8 == 0) {
+      launch_pdl(attention_partials_kernel<KvT, kSeqs, true>, grid, dim3(kPartialThreads),
+                 partials_smem_bytes(g.d, g.pair_tile), stream, "attention_partials_kernel", q, kv,
+                 q_pos, part_ml, part_acc, g);
+      return;
+    }
+  }
   launch_pdl(attention_partials_kernel<KvT, kSeqs>, grid, dim3(kPartialThreads),
              partials_smem_bytes(g.d, g.pair_tile), stream, "attention_partials_kernel", q, kv,
              q_pos, part_ml, part_acc, g);
@@ -454,8 +473,8 @@ void CudaBackend::attention_batch(std::span<const AttentionParams> entries) {
     }
     // The plan laid out (m, l) after one sequence's accumulators; the batch's
     // n·s queries need theirs first.
-    plan.part_ml = plan.part_acc + static_cast<int64_t>(n) * s * d0.heads * plan.g.n_slots *
-                                       d0.head_dim;
+    plan.part_ml =
+        plan.part_acc + static_cast<int64_t>(n) * s * d0.heads * plan.g.n_slots * d0.head_dim;
     AttnGeom& g = plan.g;
     set_tile(g, first, 0, s, s);
     g.release_next = false;  // several sequences: measured slower (see the combine)

@@ -207,7 +207,8 @@ __device__ inline void stage_kv_row(float* dst, const KvT* head_row, const float
 
 // Rows of a chunk one warp stages (rows j ≡ warp mod kPartialWarps).
 constexpr int kWarpRows = kChunk / kPartialWarps;
-static_assert(kWarpRows * kPartialWarps == kChunk, "a chunk's rows are split evenly over the warps");
+static_assert(kWarpRows * kPartialWarps == kChunk,
+              "a chunk's rows are split evenly over the warps");
 
 // One cache row of a kv head: its first element and its row in the cache.
 template <typename KvT>
@@ -316,6 +317,65 @@ __device__ inline void stage_kv_rows(float* dst, int j_first, int j_last, SrcOf 
   }
 }
 
+// Staged key / value rows as the chunk loops read them. Row j starts at
+// base + j · ld (floats) in both layouts, so the shared-memory plan is the same.
+//   F32Rows:  f32 rows, widened (or copied) when staged.
+//   Bf16Rows: a bf16 cache's own bytes, copied by cp.async
+//             (CudaKernelChoices::raw_kv_staging), widened here as they are
+//             read: the same f32 values, so the same sums and bits.
+// quad(j, i): dims 4i .. 4i + 3 of row j. quads(j, i, out): kQuadsPerLoad
+// quads from dims 4i on, from one shared-memory load (i a multiple of
+// kQuadsPerLoad). Bf16Rows reads 16 bytes (8 dims) at a time there because 8
+// lanes reading keys j .. j + 7 then hit distinct banks (ld ≡ 4 mod 32
+// words); 8-byte reads of those rows would conflict two ways.
+struct F32Rows {
+  static constexpr int kQuadsPerLoad = 1;
+  const float* base;
+  int ld;
+  __device__ __forceinline__ float4 quad(int j, int i) const {
+    return reinterpret_cast<const float4*>(base + j * ld)[i];
+  }
+  __device__ __forceinline__ void quads(int j, int i, float4 (&out)[1]) const {
+    out[0] = quad(j, i);
+  }
+};
+
+struct Bf16Rows {
+  static constexpr int kQuadsPerLoad = 2;
+  const float* base;  // row j's bf16 elements from base + j · ld
+  int ld;
+  __device__ __forceinline__ static float4 widen(uint32_t lo, uint32_t hi) {
+    return make_float4(bf16_bits_to_f32(lo & 0xffffu), bf16_bits_to_f32(lo >> 16),
+                       bf16_bits_to_f32(hi & 0xffffu), bf16_bits_to_f32(hi >> 16));
+  }
+  __device__ __forceinline__ float4 quad(int j, int i) const {
+    const uint2 b = reinterpret_cast<const uint2*>(base + j * ld)[i];
+    return widen(b.x, b.y);
+  }
+  __device__ __forceinline__ void quads(int j, int i, float4 (&out)[2]) const {
+    const uint4 b = reinterpret_cast<const uint4*>(base + j * ld)[i / 2];
+    out[0] = widen(b.x, b.y);
+    out[1] = widen(b.z, b.w);
+  }
+};
+
+// Copies rows j = j_first, j_first + kPartialWarps, ... <= j_last of a bf16
+// cache into dst + j · g.ld as they are (Bf16Rows' layout), 16 bytes a lane
+// per cp.async: nothing waits on a load until the pipeline wait, so every row
+// of the chunk is in flight at once. src_of(j) gives the row's KvRowRef. Needs
+// g.vec4 and d % 8 == 0 (16-byte rows and chunks).
+template <typename SrcOf>
+__device__ inline void stage_raw_bf16_rows(float* dst, int j_first, int j_last, SrcOf src_of,
+                                           const AttnGeom& g, int lane) {
+  for (int j = j_first; j <= j_last; j += kPartialWarps) {
+    const auto [head_row, row] = src_of(j);
+    char* d_row = reinterpret_cast<char*>(dst + j * g.ld);
+    const char* s_row = reinterpret_cast<const char*>(head_row);
+    for (int c = lane; c < g.d / 8; c += 32)
+      __pipeline_memcpy_async(d_row + 16 * c, s_row + 16 * c, 16);
+  }
+}
+
 // Pairs per register tile in the partials block (one staged k or v float4 read
 // serves TP pairs). Fewer pairs: smaller tiles, so more warps share the work.
 // Never changes results: each pair's arithmetic is the same for every TP.
@@ -328,15 +388,14 @@ __host__ __device__ inline int pairs_per_tile(int np) {
 // softmax never reads those). Task = (tile of TP pairs, key j); the 32 keys of
 // a tile are the 32 lanes of one warp, so each lane reads its own key row and
 // the q rows are warp-wide broadcasts.
-template <int TP>
-__device__ void chunk_scores(const float* sK, const float* sQ, float* sP, int np,
-                             const AttnGeom& g) {
-  const int n4 = (g.d + 3) / 4;
+template <int TP, typename Rows>
+__device__ void chunk_scores(Rows keys, const float* sQ, float* sP, int np, const AttnGeom& g) {
+  constexpr int kQ = Rows::kQuadsPerLoad;
+  const int n4 = (g.d + 3) / 4;  // a multiple of kQ (Bf16Rows: d % 8 == 0)
   const int tasks = (np + TP - 1) / TP * kChunk;
   for (int task = static_cast<int>(threadIdx.x); task < tasks; task += kPartialThreads) {
     const int p0 = task / kChunk * TP;
     const int j = task % kChunk;
-    const float4* kr = reinterpret_cast<const float4*>(sK + j * g.ld);
     const float4* qr[TP];
     // Running sums over dims 4i + 0, 4i + 1, 4i + 2, 4i + 3 (q rows past np in
     // the last tile were never staged: junk whose sums are dropped).
@@ -347,16 +406,22 @@ __device__ void chunk_scores(const float* sK, const float* sQ, float* sP, int np
       s0[u] = s1[u] = s2[u] = s3[u] = 0.0f;
     }
     // (Less unrolling for 4-pair tiles keeps the kernel within 80 registers.)
-#pragma unroll(TP == 4 ? 2 : 4)
-    for (int i = 0; i < n4; ++i) {
-      const float4 kk = kr[i];
+    // Quads in increasing i either way: the same fmaf chain per sum.
+#pragma unroll((TP == 4 ? 2 : 4) / kQ)
+    for (int i = 0; i < n4; i += kQ) {
+      float4 kq[kQ];
+      keys.quads(j, i, kq);
 #pragma unroll
-      for (int u = 0; u < TP; ++u) {
-        const float4 qq = qr[u][i];
-        s0[u] = fmaf(qq.x, kk.x, s0[u]);
-        s1[u] = fmaf(qq.y, kk.y, s1[u]);
-        s2[u] = fmaf(qq.z, kk.z, s2[u]);
-        s3[u] = fmaf(qq.w, kk.w, s3[u]);
+      for (int e = 0; e < kQ; ++e) {
+        const float4 kk = kq[e];
+#pragma unroll
+        for (int u = 0; u < TP; ++u) {
+          const float4 qq = qr[u][i + e];
+          s0[u] = fmaf(qq.x, kk.x, s0[u]);
+          s1[u] = fmaf(qq.y, kk.y, s1[u]);
+          s2[u] = fmaf(qq.z, kk.z, s2[u]);
+          s3[u] = fmaf(qq.w, kk.w, s3[u]);
+        }
       }
     }
 #pragma unroll
@@ -382,10 +447,10 @@ struct ValueTile {
   // acc[u] += sP[(p0 + u)·kChunk + j] · v_j[4i .. 4i + 3] for the keys j =
   // from .. to in increasing order, each pair only over its own [j0, j1], one
   // fmaf per component: the one definition of both callers' sums.
-  __device__ __forceinline__ void add_keys(const float* sV, const float* sP, int from, int to,
-                                           const AttnGeom& g) {
+  template <typename Rows>
+  __device__ __forceinline__ void add_keys(Rows values, const float* sP, int from, int to) {
     for (int j = from; j <= to; ++j) {
-      const float4 vv = reinterpret_cast<const float4*>(sV + j * g.ld)[i];
+      const float4 vv = values.quad(j, i);
 #pragma unroll
       for (int u = 0; u < TP; ++u) {
         if (j >= j0[u] && j <= j1[u]) {
@@ -406,8 +471,8 @@ struct ValueTile {
 // the head dim); keys run over the union [u0, u1] of the pairs' ranges and
 // each pair skips the keys outside its own [j0, j1] (not a multiply by 0, so
 // what a pair cannot see never reaches its sums).
-template <int TP>
-__device__ void chunk_values(const float* sV, const float* sP, const int* s_j0, const int* s_j1,
+template <int TP, typename Rows>
+__device__ void chunk_values(Rows values, const float* sP, const int* s_j0, const int* s_j1,
                              const int64_t* s_entry, int np, int u0, int u1,
                              float* __restrict__ part_acc, const AttnGeom& g) {
   const int n4 = (g.d + 3) / 4;
@@ -423,7 +488,7 @@ __device__ void chunk_values(const float* sV, const float* sP, const int* s_j0, 
       t.j1[u] = real ? s_j1[t.p0 + u] : 0;
       t.acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    t.add_keys(sV, sP, u0, u1, g);
+    t.add_keys(values, sP, u0, u1);
 #pragma unroll
     for (int u = 0; u < TP; ++u) {
       if (t.p0 + u >= np || s_entry[t.p0 + u] < 0) continue;
@@ -461,11 +526,12 @@ __device__ void chunk_values_late(const float* sV, const float* sP, const int* s
     t.j1[u] = real ? s_j1[t.p0 + u] : 0;
     t.acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  if (active) t.add_keys(sV, sP, u0, min(u1, v_early - 1), g);
+  const F32Rows values{sV, g.ld};
+  if (active) t.add_keys(values, sP, u0, min(u1, v_early - 1));
   __pipeline_wait_prior(0);  // this thread's late V rows have landed
   __syncthreads();           // ... and everyone's, and the ones finished in place
   if (!active) return;
-  t.add_keys(sV, sP, max(u0, v_early), u1, g);
+  t.add_keys(values, sP, max(u0, v_early), u1);
 #pragma unroll
   for (int u = 0; u < TP; ++u) {
     if (t.p0 + u >= np || s_entry[t.p0 + u] < 0) continue;
@@ -512,8 +578,8 @@ __device__ inline int2 chunk_key_hull(const int* s_j0, const int* s_j1, int np) 
 // expf(score - m) afterwards, and (m, l) goes to the pair's partial entry.
 // sK and sQ must be staged and visible to the whole block. after_scores() runs
 // in every thread once all scores are written and sK / sQ are no longer read.
-template <typename AfterScores>
-__device__ void chunk_softmax(const float* sK, const float* sQ, float* sP, const int* s_j0,
+template <typename Rows, typename AfterScores>
+__device__ void chunk_softmax(Rows keys, const float* sQ, float* sP, const int* s_j0,
                               const int* s_j1, const int64_t* s_entry, int np,
                               float* __restrict__ part_ml, const AttnGeom& g,
                               AfterScores&& after_scores) {
@@ -521,11 +587,11 @@ __device__ void chunk_softmax(const float* sK, const float* sQ, float* sP, const
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int tp = pairs_per_tile(np);
   if (tp == 1) {
-    chunk_scores<1>(sK, sQ, sP, np, g);
+    chunk_scores<1>(keys, sQ, sP, np, g);
   } else if (tp == 2) {
-    chunk_scores<2>(sK, sQ, sP, np, g);
+    chunk_scores<2>(keys, sQ, sP, np, g);
   } else {
-    chunk_scores<4>(sK, sQ, sP, np, g);
+    chunk_scores<4>(keys, sQ, sP, np, g);
   }
   __syncthreads();
   after_scores();
@@ -550,27 +616,31 @@ __device__ void chunk_softmax(const float* sK, const float* sQ, float* sP, const
 // (chunk_values with the register tile np calls for); sV and the weights in
 // sP must be visible to the whole block, except V rows [v_early, kChunk) when
 // v_early < kChunk (chunk_values_late, which waits for them).
-__device__ inline void chunk_weighted_values(const float* sV, const float* sP, const int* s_j0,
+template <typename Rows>
+__device__ inline void chunk_weighted_values(Rows values, const float* sP, const int* s_j0,
                                              const int* s_j1, const int64_t* s_entry, int np,
                                              int u0, int u1, float* __restrict__ part_acc,
                                              const AttnGeom& g, int v_early = kChunk) {
   const int tp = pairs_per_tile(np);
-  if (v_early < kChunk) {
-    if (tp == 1) {
-      chunk_values_late<1>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, v_early, part_acc, g);
-    } else if (tp == 2) {
-      chunk_values_late<2>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, v_early, part_acc, g);
-    } else {
-      chunk_values_late<4>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, v_early, part_acc, g);
+  if constexpr (std::is_same_v<Rows, F32Rows>) {
+    if (v_early < kChunk) {
+      const float* sV = values.base;
+      if (tp == 1) {
+        chunk_values_late<1>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, v_early, part_acc, g);
+      } else if (tp == 2) {
+        chunk_values_late<2>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, v_early, part_acc, g);
+      } else {
+        chunk_values_late<4>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, v_early, part_acc, g);
+      }
+      return;
     }
-    return;
   }
   if (tp == 1) {
-    chunk_values<1>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
+    chunk_values<1>(values, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
   } else if (tp == 2) {
-    chunk_values<2>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
+    chunk_values<2>(values, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
   } else {
-    chunk_values<4>(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
+    chunk_values<4>(values, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
   }
 }
 

@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
   }
   __pipeline_wait_prior(0);  // this thread's cache rows have landed
   __syncthreads();           // ... and everyone's, and the finished rows
-  chunk_softmax(sK, sQ, sP, s_j0, s_j1, s_entry, np, part_ml, g, [&] {
+  chunk_softmax(F32Rows{sK, g.ld}, sQ, sP, s_j0, s_j1, s_entry, np, part_ml, g, [&] {
     if (!late_v) return;
     // The q rows are read: their space takes V rows v_early.. of the old keys
     // (and of a KV-shared layer's new ones) by copy, of the new keys by
@@ -314,7 +314,8 @@ __global__ void __launch_bounds__(kPartialThreads, kMinBlocks)
     }
   });
   __syncthreads();
-  chunk_weighted_values(sV, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g, v_early);
+  chunk_weighted_values(F32Rows{sV, g.ld}, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g,
+                        v_early);
 }
 
 // Most pair tiles of a fused launch (31B's full-attention verify window of 5
