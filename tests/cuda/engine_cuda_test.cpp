@@ -30,7 +30,7 @@ TEST_P(CudaEngineUnderLoad, EveryRequestGetsItsTokensAlone) {
   if (!std::filesystem::exists(models + "/gemma4-tiny-py-assistant")) GTEST_SKIP();
   auto target = gemma4::Gemma4Model::load(models + "/gemma4-tiny-py", test::on_cuda());
   auto drafter = assistant::AssistantModel::load(models + "/gemma4-tiny-py-assistant",
-                                                   target->config(), target->backend());
+                                                 target->config(), target->backend());
   assistant::AssistantDrafter source(*target, *drafter);
   ngram::NgramDrafter ngram(target->config().vocab_size, {});
   const std::string name = GetParam().drafter;
@@ -73,6 +73,33 @@ INSTANTIATE_TEST_SUITE_P(Schedules, CudaEngineUnderLoad,
                            return std::string(info.param.drafter) + "_budget" +
                                   std::to_string(info.param.budget);
                          });
+
+// The kernel choices under measurement (backends.h: the tiled products, the
+// raw bf16 staging of attention) change no token: 32 requests decoded
+// together with the assistant (32-row decode steps, 128-row verify windows,
+// past the tiled products' 24 rows) get, with both choices on, the tokens each
+// gets alone with the default kernels.
+TEST(CudaKernelChoicesEngine, BatchedTokensEqualTheDefaultKernelsAlone) {
+  SKIP_WITHOUT_CUDA();
+  const std::string models = std::string(SPECULA_SOURCE_DIR) + "/models";
+  if (!std::filesystem::exists(models + "/gemma4-tiny-py-assistant")) GTEST_SKIP();
+  auto target = gemma4::Gemma4Model::load(models + "/gemma4-tiny-py", test::on_cuda());
+  auto drafter = assistant::AssistantModel::load(models + "/gemma4-tiny-py-assistant",
+                                                 target->config(), target->backend());
+  assistant::AssistantDrafter source(*target, *drafter);
+  const speculative::DraftSchedule schedule{.draft_tokens = 3};
+  const auto reqs = testing::mixed_requests(32, static_cast<int>(target->config().vocab_size), 11);
+  std::vector<speculative::DecodeResult> alone;
+  for (const auto& r : reqs) {
+    alone.push_back(speculative::decode(*target, &source, std::span(&r, 1), schedule).front());
+  }
+  const test::ScopedKernelChoices on({.tiled_products = true, .raw_kv_staging = true});
+  const auto together = speculative::decode(*target, &source, reqs, schedule);
+  ASSERT_EQ(together.size(), alone.size());
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(together[i].tokens, alone[i].tokens) << "request " << i;
+  }
+}
 
 }  // namespace
 }  // namespace specula
