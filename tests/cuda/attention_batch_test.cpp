@@ -131,6 +131,8 @@ const BatchCase kCases[] = {
     {DType::kBF16, false, 5, 8, 1, 512, 66},
     // Prefill-like rows: several pair tiles and chunks a sequence.
     {DType::kBF16, false, 40, 8, 4, 256, 2},
+    {DType::kF8E4M3, false, 40, 8, 4, 256, 2},
+    {DType::kF8E4M3, true, 5, 8, 1, 512, 3},
     // An odd head dimension (rows not float4-aligned).
     {DType::kF32, false, 1, 4, 2, 30, 5},
 };
@@ -165,13 +167,13 @@ TEST(CudaAttentionBatch, MatchesCpuOverF32Caches) {
   }
 }
 
-// The raw bf16 staging under measurement (CudaKernelChoices::raw_kv_staging:
-// cache bytes copied as they are, widened where the loops read them) gives the
-// default staging's bits, batched and alone.
+// The raw staging under measurement (CudaKernelChoices::raw_kv_staging: bf16
+// or fp8 cache bytes copied as they are, widened or dequantized where the loops
+// read them) gives the default staging's bits, batched and alone.
 TEST(CudaAttentionBatch, RawKvStagingKeepsTheBits) {
   SKIP_WITHOUT_CUDA();
   for (const BatchCase& c : kCases) {
-    if (c.cache != DType::kBF16) continue;
+    if (c.cache == DType::kF32) continue;
     SCOPED_TRACE(describe(c));
     const Batch batch(c);
     const Shape shape{c.seqs * c.s, c.heads, c.d};

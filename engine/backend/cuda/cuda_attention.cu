@@ -130,9 +130,9 @@ __global__ void __launch_bounds__(kPartialThreads, 3)
       };
     };
     if constexpr (kRaw) {
-      stage_raw_bf16_rows(sK, j0 + warp, j1, rows_of(k_head), g, lane);
+      stage_raw_rows<KvT>(sK, j0 + warp, j1, rows_of(k_head), k_scales, kvh, g, lane);
       __pipeline_commit();
-      stage_raw_bf16_rows(sV, j0 + warp, j1, rows_of(v_head), g, lane);
+      stage_raw_rows<KvT>(sV, j0 + warp, j1, rows_of(v_head), v_scales, kvh, g, lane);
     } else {
       stage_kv_rows<KvT>(sK, j0 + warp, j1, rows_of(k_head), k_scales, kvh, g, lane);
       __pipeline_commit();
@@ -161,11 +161,17 @@ __global__ void __launch_bounds__(kPartialThreads, 3)
 
   __pipeline_wait_prior(1);  // this thread's q and K copies have landed
   __syncthreads();           // ... and everyone's
-  using Rows = std::conditional_t<kRaw, Bf16Rows, F32Rows>;
-  chunk_softmax(Rows{sK, g.ld}, sQ, sP, s_j0, s_j1, s_entry, np, part_ml, g, [] {});
+  auto rows = [&](const float* base) {
+    if constexpr (kRaw) {
+      return raw_rows<KvT>(base, g);
+    } else {
+      return F32Rows{base, g.ld};
+    }
+  };
+  chunk_softmax(rows(sK), sQ, sP, s_j0, s_j1, s_entry, np, part_ml, g, [] {});
   __pipeline_wait_prior(0);  // V rows
   __syncthreads();
-  chunk_weighted_values(Rows{sV, g.ld}, sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
+  chunk_weighted_values(rows(sV), sP, s_j0, s_j1, s_entry, np, u0, u1, part_acc, g);
 }
 
 // The partials kernel may use up to kMaxPartialsSmem of dynamic shared memory;
@@ -187,6 +193,8 @@ void allow_partials_smem(int device) {
   allow(attention_partials_kernel<uint8_t, kBatchSeqs>);
   allow(attention_partials_kernel<uint16_t, 1, true>);
   allow(attention_partials_kernel<uint16_t, kBatchSeqs, true>);
+  allow(attention_partials_kernel<uint8_t, 1, true>);
+  allow(attention_partials_kernel<uint8_t, kBatchSeqs, true>);
   done.fetch_or(bit, std::memory_order_relaxed);
 }
 
@@ -198,9 +206,9 @@ void launch_partials(const float* q, const KvSources<KvT, kSeqs>& kv, const int3
                      int64_t z_tiles, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(n_chunks), static_cast<unsigned>(g.n_kv),
                   static_cast<unsigned>(z_tiles));
-  if constexpr (std::is_same_v<KvT, uint16_t>) {
-    // The raw bf16 staging (an A/B switch under measurement, backends.h).
-    if (cuda_kernel_choices().raw_kv_staging && g.vec4 && g.d % 8 == 0) {
+  if constexpr (!std::is_same_v<KvT, float>) {
+    // The raw staging (an A/B switch under measurement, backends.h).
+    if (cuda_kernel_choices().raw_kv_staging && raw_staging_fits<KvT>(g.d, g.vec4)) {
       launch_pdl(attention_partials_kernel<KvT, kSeqs, true>, grid, dim3(kPartialThreads),
                  partials_smem_bytes(g.d, g.pair_tile), stream, "attention_partials_kernel", q, kv,
                  q_pos, part_ml, part_acc, g);

@@ -318,16 +318,16 @@ __device__ inline void stage_kv_rows(float* dst, int j_first, int j_last, SrcOf 
 }
 
 // Staged key / value rows as the chunk loops read them. Row j starts at
-// base + j · ld (floats) in both layouts, so the shared-memory plan is the same.
+// base + j · ld (floats) in every layout, so the shared-memory plan is the same.
 //   F32Rows:  f32 rows, widened (or copied) when staged.
 //   Bf16Rows: a bf16 cache's own bytes, copied by cp.async
 //             (CudaKernelChoices::raw_kv_staging), widened here as they are
 //             read: the same f32 values, so the same sums and bits.
-// quad(j, i): dims 4i .. 4i + 3 of row j. quads(j, i, out): kQuadsPerLoad
-// quads from dims 4i on, from one shared-memory load (i a multiple of
-// kQuadsPerLoad). Bf16Rows reads 16 bytes (8 dims) at a time there because 8
-// lanes reading keys j .. j + 7 then hit distinct banks (ld ≡ 4 mod 32
-// words); 8-byte reads of those rows would conflict two ways.
+// quad(j, i): dims 4i .. 4i + 3 of row j. load(j, i) / unpack(load, e): the
+// kQuadsPerLoad quads from dims 4i on (i a multiple of kQuadsPerLoad) from
+// one shared-memory load, quad e at a time. Bf16Rows reads 16 bytes (8 dims) at a time there
+// because 8 lanes reading keys j .. j + 7 then hit distinct banks (ld ≡ 4 mod 32 words); 8-byte
+// reads of those rows would conflict two ways.
 struct F32Rows {
   static constexpr int kQuadsPerLoad = 1;
   const float* base;
@@ -335,9 +335,12 @@ struct F32Rows {
   __device__ __forceinline__ float4 quad(int j, int i) const {
     return reinterpret_cast<const float4*>(base + j * ld)[i];
   }
-  __device__ __forceinline__ void quads(int j, int i, float4 (&out)[1]) const {
-    out[0] = quad(j, i);
-  }
+  // One shared-memory load of kQuadsPerLoad quads from dims 4i (i a multiple
+  // of kQuadsPerLoad), and quad e of it: widened one at a time, so a register
+  // tile holds the loaded bytes and one quad, not every quad of the load.
+  using Load = float4;
+  __device__ __forceinline__ Load load(int j, int i) const { return quad(j, i); }
+  __device__ __forceinline__ float4 unpack(const Load& l, int) const { return l; }
 };
 
 struct Bf16Rows {
@@ -352,27 +355,86 @@ struct Bf16Rows {
     const uint2 b = reinterpret_cast<const uint2*>(base + j * ld)[i];
     return widen(b.x, b.y);
   }
-  __device__ __forceinline__ void quads(int j, int i, float4 (&out)[2]) const {
-    const uint4 b = reinterpret_cast<const uint4*>(base + j * ld)[i / 2];
-    out[0] = widen(b.x, b.y);
-    out[1] = widen(b.z, b.w);
+  using Load = uint4;
+  __device__ __forceinline__ Load load(int j, int i) const {
+    return reinterpret_cast<const uint4*>(base + j * ld)[i / 2];
+  }
+  __device__ __forceinline__ float4 unpack(const Load& l, int e) const {
+    return e == 0 ? widen(l.x, l.y) : widen(l.z, l.w);
   }
 };
 
-// Copies rows j = j_first, j_first + kPartialWarps, ... <= j_last of a bf16
-// cache into dst + j · g.ld as they are (Bf16Rows' layout), 16 bytes a lane
-// per cp.async: nothing waits on a load until the pipeline wait, so every row
-// of the chunk is in flight at once. src_of(j) gives the row's KvRowRef. Needs
-// g.vec4 and d % 8 == 0 (16-byte rows and chunks).
-template <typename SrcOf>
-__device__ inline void stage_raw_bf16_rows(float* dst, int j_first, int j_last, SrcOf src_of,
-                                           const AttnGeom& g, int lane) {
+//   Fp8Rows:  an fp8 cache's own codes, row j's scale right after them (at
+//             float d / 4 of the row), dequantized here as they are read
+//             (e4m3_dequant: the values the f32 staging writes). 16 bytes
+//             (16 dims) a load across keys, for the same reason.
+struct Fp8Rows {
+  static constexpr int kQuadsPerLoad = 4;
+  const float* base;  // row j's codes from base + j · ld, its scale at base + j · ld + scale_at
+  int ld;
+  int scale_at;  // d / 4
+  __device__ __forceinline__ static float4 dequant(uint32_t w, float scale) {
+    return make_float4(e4m3_dequant(w & 0xffu, scale), e4m3_dequant((w >> 8) & 0xffu, scale),
+                       e4m3_dequant((w >> 16) & 0xffu, scale), e4m3_dequant(w >> 24, scale));
+  }
+  __device__ __forceinline__ float4 quad(int j, int i) const {
+    const float* row = base + j * ld;
+    return dequant(reinterpret_cast<const uint32_t*>(row)[i], row[scale_at]);
+  }
+  struct Load {
+    uint4 codes;
+    float scale;
+  };
+  __device__ __forceinline__ Load load(int j, int i) const {
+    const float* row = base + j * ld;
+    return {reinterpret_cast<const uint4*>(row)[i / 4], row[scale_at]};
+  }
+  __device__ __forceinline__ float4 unpack(const Load& l, int e) const {
+    const uint32_t w = e == 0 ? l.codes.x : e == 1 ? l.codes.y : e == 2 ? l.codes.z : l.codes.w;
+    return dequant(w, l.scale);
+  }
+};
+
+// The row reader of a cache dtype's raw staging.
+template <typename KvT>
+using RawRows = std::conditional_t<std::is_same_v<KvT, uint8_t>, Fp8Rows, Bf16Rows>;
+
+template <typename KvT>
+__device__ __forceinline__ RawRows<KvT> raw_rows(const float* base, const AttnGeom& g) {
+  if constexpr (std::is_same_v<KvT, uint8_t>) {
+    return Fp8Rows{base, g.ld, g.d / 4};
+  } else {
+    return Bf16Rows{base, g.ld};
+  }
+}
+
+// Whether raw staging can take rows of head dim d of cache element KvT: whole
+// 16-byte loads (bf16: d % 8 == 0; fp8: d % 16 == 0) from 16-byte aligned rows (vec4).
+template <typename KvT>
+__host__ __device__ constexpr bool raw_staging_fits(int d, bool vec4) {
+  return vec4 && d % (16 / static_cast<int>(sizeof(KvT))) == 0;
+}
+
+// Copies rows j = j_first, j_first + kPartialWarps, ... <= j_last of a bf16 or
+// fp8 cache into dst + j · g.ld as they are (RawRows' layout; an fp8 row's
+// scale scales[row · n_kv + kvh] after its codes), 16 bytes a lane per
+// cp.async: nothing waits on a load until the pipeline wait, so every row of
+// the chunk is in flight at once. src_of(j) gives the row's KvRowRef. Needs
+// raw_staging_fits.
+template <typename KvT, typename SrcOf>
+__device__ inline void stage_raw_rows(float* dst, int j_first, int j_last, SrcOf src_of,
+                                      const float* scales, int kvh, const AttnGeom& g, int lane) {
+  constexpr int kPerChunk = 16 / static_cast<int>(sizeof(KvT));  // elements a 16-byte copy
   for (int j = j_first; j <= j_last; j += kPartialWarps) {
     const auto [head_row, row] = src_of(j);
     char* d_row = reinterpret_cast<char*>(dst + j * g.ld);
     const char* s_row = reinterpret_cast<const char*>(head_row);
-    for (int c = lane; c < g.d / 8; c += 32)
+    for (int c = lane; c < g.d / kPerChunk; c += 32)
       __pipeline_memcpy_async(d_row + 16 * c, s_row + 16 * c, 16);
+    if constexpr (std::is_same_v<KvT, uint8_t>) {
+      if (lane == 0)
+        __pipeline_memcpy_async(dst + j * g.ld + g.d / 4, scales + row * g.n_kv + kvh, 4);
+    }
   }
 }
 
@@ -391,7 +453,7 @@ __host__ __device__ inline int pairs_per_tile(int np) {
 template <int TP, typename Rows>
 __device__ void chunk_scores(Rows keys, const float* sQ, float* sP, int np, const AttnGeom& g) {
   constexpr int kQ = Rows::kQuadsPerLoad;
-  const int n4 = (g.d + 3) / 4;  // a multiple of kQ (Bf16Rows: d % 8 == 0)
+  const int n4 = (g.d + 3) / 4;  // a multiple of kQ (raw_staging_fits)
   const int tasks = (np + TP - 1) / TP * kChunk;
   for (int task = static_cast<int>(threadIdx.x); task < tasks; task += kPartialThreads) {
     const int p0 = task / kChunk * TP;
@@ -407,13 +469,12 @@ __device__ void chunk_scores(Rows keys, const float* sQ, float* sP, int np, cons
     }
     // (Less unrolling for 4-pair tiles keeps the kernel within 80 registers.)
     // Quads in increasing i either way: the same fmaf chain per sum.
-#pragma unroll((TP == 4 ? 2 : 4) / kQ)
+#pragma unroll((TP == 4 ? 2 : 4) > kQ ? (TP == 4 ? 2 : 4) / kQ : 1)
     for (int i = 0; i < n4; i += kQ) {
-      float4 kq[kQ];
-      keys.quads(j, i, kq);
+      const typename Rows::Load kl = keys.load(j, i);
 #pragma unroll
       for (int e = 0; e < kQ; ++e) {
-        const float4 kk = kq[e];
+        const float4 kk = keys.unpack(kl, e);
 #pragma unroll
         for (int u = 0; u < TP; ++u) {
           const float4 qq = qr[u][i + e];
