@@ -256,6 +256,10 @@ struct MicroRunner {
     row_spec.max_context = std::min<int64_t>(seq_context, model.max_context());
     const int64_t row_kv_bytes = kv_bytes_per_sequence(row_spec);
     constexpr int64_t kHeadroom = int64_t{1} << 30;  // activations, scratch, graphs
+    auto skip = [&](int B, const std::string& why) {
+      fmt::print(stderr, "batch {}: skipped: {}\n", B, why);
+      skipped.push_back({{"batch", B}, {"reason", why}});
+    };
     for (int B : a.batches) {
       const int64_t free_bytes = be.memory_info().free_bytes;
       if (int64_t{B} * row_kv_bytes + kHeadroom > free_bytes) {
@@ -264,8 +268,7 @@ struct MicroRunner {
             "free on {}",
             B * row_kv_bytes / 1073741824.0, B, row_kv_bytes / 1048576.0, free_bytes / 1073741824.0,
             be.device().str());
-        fmt::print(stderr, "batch {}: skipped: {}\n", B, why);
-        skipped.push_back({{"batch", B}, {"reason", why}});
+        skip(B, why);
         continue;
       }
       fmt::print(stderr, "batch {}: {:.2f} GiB free before its caches\n", B,
@@ -281,8 +284,7 @@ struct MicroRunner {
         // The verify window: verify_tokens new tokens a row, every one with logits.
         tv = step_time(seqs, a.verify_tokens, true);
       } catch (const Error& e) {
-        fmt::print(stderr, "batch {}: skipped: {}\n", B, e.what());
-        skipped.push_back({{"batch", B}, {"reason", e.what()}});
+        skip(B, e.what());
         continue;
       }
       const int64_t wbytes = model.weight_bytes_read(B);

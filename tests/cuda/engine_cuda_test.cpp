@@ -18,6 +18,18 @@
 namespace specula {
 namespace {
 
+const std::string kModels = std::string(SPECULA_SOURCE_DIR) + "/models";
+
+// The embedded target and its assistant on the GPU (the caller checked that
+// the models are there), with the assistant's drafter.
+struct EmbeddedFamily {
+  std::unique_ptr<gemma4::Gemma4Model> target =
+      gemma4::Gemma4Model::load(kModels + "/gemma4-tiny-py", test::on_cuda());
+  std::unique_ptr<assistant::AssistantModel> drafter = assistant::AssistantModel::load(
+      kModels + "/gemma4-tiny-py-assistant", target->config(), target->backend());
+  assistant::AssistantDrafter source{*target, *drafter};
+};
+
 struct Case {
   const char* drafter;
   int64_t budget;
@@ -26,12 +38,10 @@ class CudaEngineUnderLoad : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CudaEngineUnderLoad, EveryRequestGetsItsTokensAlone) {
   SKIP_WITHOUT_CUDA();
-  const std::string models = std::string(SPECULA_SOURCE_DIR) + "/models";
-  if (!std::filesystem::exists(models + "/gemma4-tiny-py-assistant")) GTEST_SKIP();
-  auto target = gemma4::Gemma4Model::load(models + "/gemma4-tiny-py", test::on_cuda());
-  auto drafter = assistant::AssistantModel::load(models + "/gemma4-tiny-py-assistant",
-                                                 target->config(), target->backend());
-  assistant::AssistantDrafter source(*target, *drafter);
+  if (!std::filesystem::exists(kModels + "/gemma4-tiny-py-assistant")) GTEST_SKIP();
+  EmbeddedFamily family;
+  gemma4::Gemma4Model* target = family.target.get();
+  assistant::AssistantDrafter& source = family.source;
   ngram::NgramDrafter ngram(target->config().vocab_size, {});
   const std::string name = GetParam().drafter;
   Drafter* d = name == "assistant" ? static_cast<Drafter*>(&source)
@@ -81,12 +91,10 @@ INSTANTIATE_TEST_SUITE_P(Schedules, CudaEngineUnderLoad,
 // gets alone with the default kernels.
 TEST(CudaKernelChoicesEngine, BatchedTokensEqualTheDefaultKernelsAlone) {
   SKIP_WITHOUT_CUDA();
-  const std::string models = std::string(SPECULA_SOURCE_DIR) + "/models";
-  if (!std::filesystem::exists(models + "/gemma4-tiny-py-assistant")) GTEST_SKIP();
-  auto target = gemma4::Gemma4Model::load(models + "/gemma4-tiny-py", test::on_cuda());
-  auto drafter = assistant::AssistantModel::load(models + "/gemma4-tiny-py-assistant",
-                                                 target->config(), target->backend());
-  assistant::AssistantDrafter source(*target, *drafter);
+  if (!std::filesystem::exists(kModels + "/gemma4-tiny-py-assistant")) GTEST_SKIP();
+  EmbeddedFamily family;
+  gemma4::Gemma4Model* target = family.target.get();
+  assistant::AssistantDrafter& source = family.source;
   const speculative::DraftSchedule schedule{.draft_tokens = 3};
   const auto reqs = testing::mixed_requests(32, static_cast<int>(target->config().vocab_size), 11);
   std::vector<speculative::DecodeResult> alone;

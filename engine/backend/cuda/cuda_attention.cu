@@ -206,18 +206,15 @@ void launch_partials(const float* q, const KvSources<KvT, kSeqs>& kv, const int3
                      int64_t z_tiles, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(n_chunks), static_cast<unsigned>(g.n_kv),
                   static_cast<unsigned>(z_tiles));
+  auto* kernel = attention_partials_kernel<KvT, kSeqs>;
   if constexpr (!std::is_same_v<KvT, float>) {
     // The raw staging (an A/B switch under measurement, backends.h).
     if (cuda_kernel_choices().raw_kv_staging && raw_staging_fits<KvT>(g.d, g.vec4)) {
-      launch_pdl(attention_partials_kernel<KvT, kSeqs, true>, grid, dim3(kPartialThreads),
-                 partials_smem_bytes(g.d, g.pair_tile), stream, "attention_partials_kernel", q, kv,
-                 q_pos, part_ml, part_acc, g);
-      return;
+      kernel = attention_partials_kernel<KvT, kSeqs, true>;
     }
   }
-  launch_pdl(attention_partials_kernel<KvT, kSeqs>, grid, dim3(kPartialThreads),
-             partials_smem_bytes(g.d, g.pair_tile), stream, "attention_partials_kernel", q, kv,
-             q_pos, part_ml, part_acc, g);
+  launch_pdl(kernel, grid, dim3(kPartialThreads), partials_smem_bytes(g.d, g.pair_tile), stream,
+             "attention_partials_kernel", q, kv, q_pos, part_ml, part_acc, g);
 }
 
 // Pair tiles of one sequence of g.s queries.
