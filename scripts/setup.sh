@@ -1,7 +1,25 @@
 #!/usr/bin/env bash
 # Installs every Debian package the build and the tests need. Idempotent: it
 # asks apt only for what is missing, and says nothing when all is present.
+#
+#   bash scripts/setup.sh            # build + tests
+#   bash scripts/setup.sh --train    # also what tools/train needs on this machine's CPUs
 set -euo pipefail
+
+train=0
+for arg in "$@"; do
+  case $arg in
+    --train) train=1 ;;
+    -h | --help)
+      sed -n '2,8p' "$0"
+      exit 0
+      ;;
+    *)
+      echo "setup: unknown option '$arg' (known: --train)" >&2
+      exit 2
+      ;;
+  esac
+done
 
 packages=(
   cmake ninja-build g++
@@ -10,6 +28,11 @@ packages=(
   clang libclang-rt-14-dev
   pkg-config libcairo2-dev
 )
+# --train: Debian's PyTorch (CPU) for tools/train, with OpenBLAS. Without libopenblas0 that torch
+# multiplies through the reference BLAS behind libblas.so.3, about ten times slower.
+if ((train)); then
+  packages+=(python3-torch python3-numpy libopenblas0-pthread)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -125,8 +125,8 @@ def load_target_head(target_dir, device):
             tdt = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}[dtype]
             E = torch.frombuffer(st.buffer(name), dtype=tdt).view(V, H).clone()
             st.close()
-        if E.dtype not in (torch.bfloat16, torch.float32):
-            E = E.float()
+        if E.dtype not in (torch.bfloat16, torch.float32) or torch.device(device).type == "cpu":
+            E = E.float()  # a CPU has no fast bf16 product; f32 holds every bf16 value exactly
         return {"E": E.to(device), "E_std": float(E[:4096].float().std()),
                 "cap": cfg.get("final_logit_softcapping"), "eps": cfg["rms_norm_eps"], "cfg": cfg,
                 "hash": dd.target_config_hash(cfg_full), "embed_file": path, "embed_name": name}
@@ -306,11 +306,13 @@ def export(P, a, head, shards, out_dir, extra):
         from safetensors.torch import save_file
 
         save_file(tensors, path, metadata={"format": "pt", "producer": PRODUCER})
-    except ImportError:
-        if dtype != torch.float32:
-            raise dd.DataError("--export-dtype bf16 needs the safetensors package")
-        dd.write_safetensors(path, {k: ("F32", list(v.shape), v.reshape(-1).tolist()) for k, v in tensors.items()},
-                             {"format": "pt", "producer": PRODUCER})
+    except ImportError:  # e.g. Debian's python3-torch, which has no safetensors package beside it
+        def entry(v):
+            if v.dtype == torch.bfloat16:  # dd.write_safetensors takes bf16 as 16-bit patterns
+                return ("BF16", list(v.shape), [b & 0xFFFF for b in v.view(torch.int16).reshape(-1).tolist()])
+            return ("F32", list(v.shape), v.reshape(-1).tolist())
+
+        dd.write_safetensors(path, {k: entry(v) for k, v in tensors.items()}, {"format": "pt", "producer": PRODUCER})
     tc = head["cfg"]
     doc = {"kind": "dspark-drafter", "variant": "dspark", "version": 1,
            "target": {"hidden_size": tc["hidden_size"], "vocab_size": tc["vocab_size"],
