@@ -71,7 +71,7 @@ if has_stage regen; then
 fi
 
 if has_stage train; then
-  OMP_NUM_THREADS=$THREADS "$PYTHON" tools/train/train_dspark.py --shards "$WORK/shards" --target "$TARGET" \
+  "$PYTHON" tools/train/train_dspark.py --threads "$THREADS" --shards "$WORK/shards" --target "$TARGET" \
     --out "$WORK/dspark" --block-size 8 --layers 2 --hidden 256 --heads 4 --ffn-mult 2 --markov-rank 32 \
     --steps 1000000 --max-seconds "$TRAIN_SECONDS" --batch 64 --anchors-per-seq 8 --lr 1e-3 --warmup 100 \
     --eval-every 500 --log-every 50 --export-dtype bf16 --device cpu --seed 0

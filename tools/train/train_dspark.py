@@ -69,6 +69,8 @@ def parse_args(argv=None):
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads of torch's products (0: torch's default); --device cpu trains on these")
     p.add_argument("--no-autocast", action="store_true", help="f32 matmuls (default: bf16 autocast on CUDA)")
     p.add_argument("--dump-examples", type=int, default=0, metavar="N",
                    help="write N sampled examples as JSON to --out and exit (no torch needed)")
@@ -81,6 +83,8 @@ def parse_args(argv=None):
                 p.error(f"--{flag} is required")
         if not a.dump_examples and not a.target:
             p.error("--target is required for training")
+    if a.threads < 0:
+        p.error(f"--threads {a.threads} must be >= 0")
     if a.block_size < 1 or a.batch < 1 or a.anchors_per_seq < 1 or a.max_ctx < 0:
         p.error("--block-size, --batch and --anchors-per-seq must be >= 1, --max-ctx >= 0")
     if not 0 < a.held_out_fraction < 1:
@@ -349,6 +353,8 @@ def train(a):
     import dspark_module as dm
 
     dev = torch.device(a.device)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
     os.makedirs(a.out, exist_ok=True)
     shards = dd.ShardSet(a.shards)
     head = load_target_head(a.target, dev)
