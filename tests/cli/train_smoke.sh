@@ -66,6 +66,19 @@ for l in open(sys.argv[1]):
     print("  |", r.get("event") or ("eval" if "eval" in r else "train"), "step", r.get("step"))' \
     "$tmp/out/train_log.jsonl"
 fi
+# --init-from with no steps re-exports the same weights (f32 both ways, so the same file), and it
+# refuses an export of another shape, naming the field.
+check "--init-from re-exports the weights" python3 "$tools/train_dspark.py" "${args[@]/$tmp\/out/$tmp/init}" \
+  --steps 0 --init-from "$tmp/out" &&
+  check "--init-from gives the same model.safetensors" cmp "$tmp/out/model.safetensors" "$tmp/init/model.safetensors"
+layers3=("${args[@]/$tmp\/out/$tmp/init3}")
+if python3 "$tools/train_dspark.py" "${layers3[@]}" --layers 3 --steps 1 --init-from "$tmp/out" >"$tmp/init3.log" 2>&1; then
+  fail "--init-from accepted an export of 2 layers for a 3-layer run"
+elif grep -q "config.num_layers is 2, this run has 3" "$tmp/init3.log"; then
+  echo "--init-from refuses another shape: ok"
+else
+  fail "--init-from refuses another shape: $(tail -1 "$tmp/init3.log")"
+fi
 check "the engine loads the export" "$specula" generate --model "$target" --draft "$tmp/out" \
   --prompt-ids 3,17,33 -n 12
 [[ $failed -eq 0 ]] && echo "train_smoke: all checks passed"

@@ -22,7 +22,8 @@
 #              pruned and unpruned, against the shipped assistant at k 2 4 6 8, and plain decoding.
 # --install copies the exported drafter to models/gemma4-tiny-py-dspark.
 # Environment: WORK (/tmp/embedded_dspark_cpu), REGEN_PROMPTS (2880), TRAIN_SECONDS (3300),
-# THREADS (2), SPECULA (build/apps/specula), PYTHON (a python3 that imports torch).
+# THREADS (2), SPECULA (build/apps/specula), PYTHON (a python3 that imports torch), INIT_FROM (an
+# exported drafter to continue from, e.g. models/gemma4-tiny-py-dspark: train_dspark.py --init-from).
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
@@ -38,7 +39,7 @@ install=0
 for arg in "$@"; do
   case $arg in
     --install) install=1 ;;
-    -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "embedded_dspark_cpu: unknown option '$arg'" >&2; exit 2 ;;
   esac
 done
@@ -74,7 +75,7 @@ if has_stage train; then
   "$PYTHON" tools/train/train_dspark.py --threads "$THREADS" --shards "$WORK/shards" --target "$TARGET" \
     --out "$WORK/dspark" --block-size 8 --layers 2 --hidden 256 --heads 4 --ffn-mult 2 --markov-rank 32 \
     --steps 1000000 --max-seconds "$TRAIN_SECONDS" --batch 64 --anchors-per-seq 8 --lr 1e-3 --warmup 100 \
-    --eval-every 500 --log-every 50 --export-dtype bf16 --device cpu --seed 0
+    --eval-every 500 --log-every 50 --export-dtype bf16 --device cpu --seed 0 ${INIT_FROM:+--init-from "$INIT_FROM"}
 fi
 
 if has_stage calibrate; then

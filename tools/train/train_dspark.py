@@ -68,6 +68,10 @@ def parse_args(argv=None):
     p.add_argument("--eval-anchors", type=int, default=256)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    p.add_argument("--init-from", metavar="DIR",
+                   help="start from an exported drafter (DIR/model.safetensors + dspark.json of the same "
+                        "config and taps) with a fresh optimizer and schedule: training continued across "
+                        "machines or sessions that kept only the export")
     p.add_argument("--device", default="cuda")
     p.add_argument("--threads", type=int, default=0,
                    help="CPU threads of torch's products (0: torch's default); --device cpu trains on these")
@@ -85,6 +89,8 @@ def parse_args(argv=None):
             p.error("--target is required for training")
     if a.threads < 0:
         p.error(f"--threads {a.threads} must be >= 0")
+    if a.init_from and a.resume:
+        p.error("--init-from and --resume exclude each other (--resume restores OUT/checkpoint.pt)")
     if a.block_size < 1 or a.batch < 1 or a.anchors_per_seq < 1 or a.max_ctx < 0:
         p.error("--block-size, --batch and --anchors-per-seq must be >= 1, --max-ctx >= 0")
     if not 0 < a.held_out_fraction < 1:
@@ -327,6 +333,44 @@ def export(P, a, head, shards, out_dir, extra):
         json.dump(doc, f, indent=1)
 
 
+def load_export(P, cfg, src):
+    """Copies an exported drafter's weights (src/model.safetensors, f32 or bf16) into P, after
+    checking that src/dspark.json has this run's config (block, width, layers, heads, ffn, Markov
+    rank, taps) and that every tensor name and shape matches."""
+    import torch
+
+    doc_path = os.path.join(src, "dspark.json")
+    try:
+        with open(doc_path) as f:
+            src_doc = json.load(f)
+        src_cfg = src_doc["config"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise dd.DataError(f"--init-from {doc_path}: cannot read its config: {e}") from None
+    for key, want in cfg.items():
+        if key != "rms_norm_eps" and src_cfg.get(key) != want:
+            raise dd.DataError(f"--init-from {doc_path}: config.{key} is {src_cfg.get(key)!r}, this run has {want!r}")
+    st = dd.SafeTensors(os.path.join(src, "model.safetensors"))
+    try:
+        if set(st.tensors) != set(P):
+            raise dd.DataError(f"--init-from {st.path}: tensors {sorted(set(st.tensors) ^ set(P))} are in one of "
+                               "the export and this run's drafter only")
+        types = {"BF16": torch.bfloat16, "F32": torch.float32}
+        with torch.no_grad():
+            for name, v in P.items():
+                if st.shape(name) != list(v.shape) or st.dtype(name) not in types:
+                    raise dd.DataError(f"--init-from {st.path}: {name} is {st.dtype(name)} {st.shape(name)}, "
+                                       f"expected BF16 or F32 {list(v.shape)}")
+                t = torch.frombuffer(st.buffer(name), dtype=types[st.dtype(name)]).view(v.shape)
+                v.copy_(t.float())
+    finally:
+        st.close()
+    print(f"initialized from {src}", flush=True)
+    prev = src_doc.get("training") or {}
+    # The lineage, so that an export says how much training lies behind it in all.
+    return {"dir": os.path.abspath(src), "steps": prev.get("steps"), "commit": prev.get("commit"),
+            "held_out_eval": prev.get("held_out_eval"), "init_from": prev.get("init_from")}
+
+
 def model_config(a, shards, head):
     return {"block_size": a.block_size, "hidden_size": a.hidden, "num_layers": a.layers, "num_heads": a.heads,
             "ffn_mult": a.ffn_mult, "markov_rank": a.markov_rank, "tap_layers": shards.tap_layers,
@@ -379,6 +423,7 @@ def train(a):
     no_decay = [v for k, v in P.items() if not (v.dim() == 2 and k not in ("markov.w1", "markov.w2"))]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=a.lr, betas=(0.9, 0.95))
+    lineage = load_export(P, cfg, a.init_from) if a.init_from else None
     rng = random.Random(a.seed)
     step = 0
     ckpt_path = os.path.join(a.out, "checkpoint.pt")
@@ -409,7 +454,8 @@ def train(a):
             "alignment": "context = taps of positions < t (never the anchor's own); labels ids[t+1..t+γ]; "
                          "p^t from post-norm hidden at t..t+γ-1 (tools/train/dspark_data.py)",
             "loss": "0.1 CE + 0.9 L1 + 1.0 BCE(conf, stopgrad(1 - L1/2)), weights exp(-(k-1)/γ)",
-            "target": {"dir": os.path.abspath(a.target), "config_hash": head["hash"], "embed": head["embed_name"]}}
+            "target": {"dir": os.path.abspath(a.target), "config_hash": head["hash"], "embed": head["embed_name"]},
+            "init_from": lineage}
     last_eval = None
 
     def log(obj):
