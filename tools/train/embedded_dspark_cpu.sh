@@ -39,7 +39,7 @@ install=0
 for arg in "$@"; do
   case $arg in
     --install) install=1 ;;
-    -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
     *) echo "embedded_dspark_cpu: unknown option '$arg'" >&2; exit 2 ;;
   esac
 done
