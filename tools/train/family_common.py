@@ -33,6 +33,7 @@ ROPE = {
 }
 TARGET_DIR = "models/gemma4-tiny-py"
 DRAFTER_DIR = "models/gemma4-tiny-py-assistant"
+DSPARK_DIR = "models/gemma4-tiny-py-dspark"  # trained by tools/train/embedded_dspark_cpu.sh, not here
 GOLDEN_DIR = "tests/golden/embedded"
 GOLDEN_PROMPT_LENS = [41, 97, 163, 211]  # two shorter than the 128 window, two longer
 GOLDEN_NEW = 32

@@ -37,6 +37,7 @@ Needs torch (2.11 used), transformers 5.17 (gemma4, gemma4_assistant), tokenizer
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -44,7 +45,7 @@ import traceback
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the modules next to this script
 
 # family_common first: it starts the run's clock (T0) before torch loads.
-from family_common import (CTX, DRAFTER_DIR, DRAFTER_KWARGS, GOLDEN_DIR, GOLDEN_NEW,  # noqa: E402
+from family_common import (CTX, DRAFTER_DIR, DRAFTER_KWARGS, DSPARK_DIR, GOLDEN_DIR, GOLDEN_NEW,  # noqa: E402
                            K_DRAFT, T0, TARGET_DIR, VOCAB, Run, drafter_text_kwargs, log, pack,
                            sha256_file, target_text_kwargs, versions)
 
@@ -360,6 +361,13 @@ def main():
     gold = write_goldens(run, target, drafter, tok, ids["heldout"], docs["heldout_paths"], root, device)
     res["family_bytes"] = sum(os.path.getsize(os.path.join(dp, fn)) for d in (tdir, ddir)
                               for dp, _, fns in os.walk(d) for fn in fns)
+    stale = os.path.join(root, DSPARK_DIR)
+    if os.path.isdir(stale):
+        # Trained on the previous target's hidden states: with the same config.json it would still
+        # load and stay lossless, but draft poorly. tools/train/embedded_dspark_cpu.sh retrains it.
+        shutil.rmtree(stale)
+        log(f"removed {DSPARK_DIR}: trained against the previous target; retrain it "
+            "(tools/train/embedded_dspark_cpu.sh --install)")
     with open(os.path.join(root, "models", "README.md"), "w", encoding="utf-8") as fo:
         fo.write(model_card(res))
     meta = {
