@@ -14,7 +14,9 @@
 #   OUT=/tmp/out bash tools/gpu/embedded_dspark_run.sh BIN_DIR
 # Environment: STAGES (default "regen train bench"), TEST_FILTER, REGEN_SECONDS (150),
 # TRAIN_SECONDS (200), TAPS (2,5,8), BLOCK (8), LAYERS (2), MARKOV_RANK (32), DSPARK_ARGS (extra
-# train_dspark.py flags, after the defaults, so they override them).
+# train_dspark.py flags, after the defaults, so they override them; e.g. "--init-from
+# models/gemma4-tiny-py-dspark" continues the shipped drafter), ASSISTANT_KS (the assistant's
+# draft lengths in the bench, "2 4 6 8").
 set -uo pipefail
 
 OUT=${OUT:?set OUT to the folder for logs and results}
@@ -74,7 +76,7 @@ if has_stage bench; then
     step "bench dspark" 120 bench_dspark.log "$SPECULA" "${common[@]}" --draft "$WORK/dspark" -k "$BLOCK"
   fi
   step "bench assistant" 150 bench_assistant.log "$SPECULA" "${common[@]}" \
-    --draft models/gemma4-tiny-py-assistant -k 2 4 6 8
+    --draft models/gemma4-tiny-py-assistant -k ${ASSISTANT_KS:-2 4 6 8}
   for f in bench_dspark bench_assistant; do
     [[ -f $OUT/$f.log ]] && grep -o '"mode":"[a-z]*"\|"tau":[0-9.]*\|"draft_tokens":[0-9]*\|"decode_tokens_per_second":[0-9.]*' \
       "$OUT/$f.log" | paste -sd' ' | sed "s/^/$f: /"
