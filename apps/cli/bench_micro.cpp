@@ -142,19 +142,17 @@ struct MicroRunner {
     return SequenceKv(spec);
   }
 
-  // Fills every sequence with `len` random tokens, at most max(prefill, len)
-  // tokens per forward (no logits).
+  // Fills every sequence with `len` random tokens, one sequence per forward
+  // (no logits). Untimed. One row at a time keeps the model's activation
+  // arenas, which never shrink, at one context's size: filling up to a
+  // prefill's worth of rows a forward, each 31B batch on an H100 left GiBs
+  // less free for the next batch's caches than its own caches explain.
   void fill(std::vector<SequenceKv>& seqs, int64_t len) {
-    const size_t per_forward =
-        static_cast<size_t>(std::max<int64_t>(1, std::max<int64_t>(a.prefill_tokens, len) / len));
-    std::vector<std::vector<int32_t>> ids;
-    for (size_t i = 0; i < seqs.size(); ++i)
-      ids.push_back(random_ids(len, config().vocab_size, &state));
-    for (size_t begin = 0; begin < seqs.size(); begin += per_forward) {
-      std::vector<gemma4::ForwardRow> rows;
-      for (size_t i = begin; i < std::min(seqs.size(), begin + per_forward); ++i)
-        rows.push_back({.kv = &seqs[i], .tokens = ids[i], .all_logits = false});
-      model.forward(rows, {.compute_logits = false, .prefill = true});
+    for (SequenceKv& seq : seqs) {
+      const std::vector<int32_t> ids = random_ids(len, config().vocab_size, &state);
+      const gemma4::ForwardRow row{.kv = &seq, .tokens = ids, .all_logits = false};
+      model.forward(std::span<const gemma4::ForwardRow>(&row, 1),
+                    {.compute_logits = false, .prefill = true});
     }
     be.synchronize();
   }
@@ -280,9 +278,14 @@ struct MicroRunner {
       try {
         for (int b = 0; b < B; ++b) seqs.push_back(sequence(seq_context));
         fill(seqs, a.context);
+        const double after_fill = be.memory_info().free_bytes / 1073741824.0;
         t = step_time(seqs, 1, false);
         // The verify window: verify_tokens new tokens a row, every one with logits.
         tv = step_time(seqs, a.verify_tokens, true);
+        // Where a batch's memory goes (the skips of the next batches depend on it).
+        fmt::print(stderr,
+                   "batch {}: {:.2f} GiB free after filling its caches, {:.2f} after its steps\n",
+                   B, after_fill, be.memory_info().free_bytes / 1073741824.0);
       } catch (const Error& e) {
         skip(B, e.what());
         continue;

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Trains the embedded target's DSpark drafter on this machine's CPUs and measures it live (#32).
-# The shipped models/gemma4-tiny-py-dspark came from this script on the 2-core dev VM, with the
-# defaults below (models/README.md says what it measured). tools/gpu/embedded_dspark_run.sh is the
-# same pipeline on the GPU machine.
+# The shipped models/gemma4-tiny-py-dspark started as this script's output on the 2-core dev VM,
+# with the defaults below, and was then continued on a GPU (models/README.md says how, and what it
+# measured). tools/gpu/embedded_dspark_run.sh is the same pipeline on the GPU machine.
 #
 #   bash scripts/setup.sh --train        # Debian's PyTorch + OpenBLAS, once
 #   python3 tools/train/build_corpus.py  # .carry/corpus, once (deterministic for the pinned packages)

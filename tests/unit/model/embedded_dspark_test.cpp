@@ -109,7 +109,7 @@ TEST_F(EmbeddedDSpark, PrunedOutputEqualsPlainDecoding) {
 }
 
 // A trained drafter's first draft is often right on code like its training
-// data (the shipped one: 83 of 155 here); a random or misaligned one (say,
+// data (the shipped one: 87 of 133 here); a random or misaligned one (say,
 // taps off by one position) gets almost none. Greedy and deterministic, so the
 // count is fixed for the shipped weights; the bound leaves room for a retrain.
 TEST_F(EmbeddedDSpark, FirstDraftsAreOftenAccepted) {
